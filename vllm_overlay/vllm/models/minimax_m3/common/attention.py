@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""KV-cache layers of a MiniMax-M3 sparse (MSA) attention layer.
+
+``MiniMaxM3IndexKCache`` holds the index keys in vLLM's paged KV cache as a
+layer of its own (spec + backend, same block table as K/V), like
+``DeepseekV32IndexerCache``. ``MiniMaxM3SparseAttention`` owns the K/V pages
+and runs the backend Impl inside one opaque custom op.
+"""
+
+import torch
+from torch import nn
+
+from vllm.config import CacheConfig, VllmConfig, get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.utils.torch_utils import direct_register_custom_op
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
+
+from .backend import MiniMaxM3IndexerBackend, MiniMaxM3SparseBackend
+
+
+def _register_layer(prefix: str, layer: nn.Module) -> None:
+    ctx = get_current_vllm_config().compilation_config.static_forward_context
+    if prefix in ctx:
+        raise ValueError(f"Duplicate layer name: {prefix}")
+    ctx[prefix] = layer
+
+
+class MiniMaxM3IndexKCache(nn.Module, AttentionLayerBase):
+    """Paged index-key cache: [num_pages, page_size, index_dim]."""
+
+    def __init__(
+        self, index_dim: int, dtype: torch.dtype, prefix: str, cache_config: CacheConfig
+    ):
+        super().__init__()
+        self.kv_cache = torch.tensor([])
+        self.head_dim = index_dim
+        self.dtype = dtype
+        self.prefix = prefix
+        self.cache_config = cache_config
+        _register_layer(prefix, self)
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
+        # One vector per token (no separate V), like the DeepSeek indexer.
+        return MLAAttentionSpec(
+            block_size=self.cache_config.block_size,
+            num_kv_heads=1,
+            head_size=self.head_dim,
+            dtype=self.dtype,
+        )
+
+    def get_attn_backend(self):
+        return MiniMaxM3IndexerBackend
+
+    def forward(self): ...
+
+
+class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
+    """K/V pages + indexer-selected block-sparse attention of one layer."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        index_dim: int,
+        scale: float,
+        sparse_block: int,
+        topk_blocks: int,
+        local_blocks: int,
+        init_blocks: int,
+        cache_config: CacheConfig,
+        prefix: str,
+    ):
+        super().__init__()
+        vllm_config = get_current_vllm_config()
+        self.layer_name = prefix
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.cache_config = cache_config
+        self.kv_cache_dtype = cache_config.cache_dtype if cache_config else "auto"
+        self.dtype = torch.get_default_dtype()
+        block_size = cache_config.block_size if cache_config else None
+        if block_size is not None and sparse_block % block_size:
+            raise ValueError(
+                f"MiniMax-M3: KV cache block size {block_size} must divide the "
+                f"sparse attention block size {sparse_block} (index_block_size); "
+                f"pass --block-size {min(sparse_block, 128)} or another divisor "
+                "of it."
+            )
+        self.impl = MiniMaxM3SparseBackend.get_impl_cls()(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            kv_cache_dtype=self.kv_cache_dtype,
+            sparse_block=sparse_block,
+            topk_blocks=topk_blocks,
+            local_blocks=local_blocks,
+            init_blocks=init_blocks,
+        )
+        self.kv_cache = torch.tensor([])
+        _register_layer(prefix, self)
+        self.index_cache = MiniMaxM3IndexKCache(
+            index_dim, self.dtype, f"{prefix}.index_k_cache", cache_config
+        )
+        del vllm_config
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
+        return FullAttentionSpec(
+            block_size=self.cache_config.block_size,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            dtype=self.dtype,
+        )
+
+    def get_attn_backend(self):
+        return MiniMaxM3SparseBackend
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        idx_q: torch.Tensor,
+        idx_k: torch.Tensor,
+    ) -> torch.Tensor:
+        n = q.shape[0]
+        output = torch.zeros(
+            n, self.num_heads * self.head_size, dtype=q.dtype, device=q.device
+        )
+        torch.ops.vllm.minimax_m3_sparse_attention(
+            q.view(n, self.num_heads, self.head_size),
+            k.view(n, self.num_kv_heads, self.head_size),
+            v.view(n, self.num_kv_heads, self.head_size),
+            idx_q.view(n, self.num_kv_heads, -1),
+            idx_k.view(n, -1),
+            output.view(n, self.num_heads, self.head_size),
+            self.layer_name,
+        )
+        return output
+
+
+def _sparse_attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    idx_q: torch.Tensor,
+    idx_k: torch.Tensor,
+    output: torch.Tensor,
+    layer_name: str,
+) -> None:
+    ctx = get_forward_context()
+    md = ctx.attn_metadata
+    if isinstance(md, list):
+        md = md[0]
+    if isinstance(md, dict):
+        md = md.get(layer_name)
+    if md is None:  # profiling / dummy run without metadata
+        return
+    layer: MiniMaxM3SparseAttention = ctx.no_compile_layers[layer_name]
+    layer.impl.forward(
+        layer,
+        q,
+        k,
+        v,
+        idx_q,
+        idx_k,
+        layer.kv_cache,
+        layer.index_cache.kv_cache,
+        md,
+        output,
+    )
+
+
+def _sparse_attention_fake(q, k, v, idx_q, idx_k, output, layer_name) -> None:
+    return None
+
+
+direct_register_custom_op(
+    op_name="minimax_m3_sparse_attention",
+    op_func=_sparse_attention_op,
+    mutates_args=["output"],
+    fake_impl=_sparse_attention_fake,
+)

@@ -1,0 +1,21 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Triton kernels for MiniMax-M3 sparse attention (MSA), NVIDIA and ROCm.
+
+Public API (same semantics as the PyTorch reference in ``../sparse_ops.py``):
+  index_block_topk        index scoring + block top-k   (indexer.py)
+  block_sparse_attention  block-sparse GQA attention    (attention.py)
+Kernels, one concern per module:
+  index_score_decode   decode stage 1: per-block max scores, split over context
+  index_topk_select    stage 2: top-k over a row of candidate scores
+  index_topk_prefill   prefill: tiled scoring fused with a streaming top-k
+  sparse_attn_fwd      block-sparse attention, optional split over blocks
+  sparse_attn_merge    log-sum-exp merge of split partials
+The modules import the real ``triton`` package (not vLLM's placeholder) so the
+kernels also run on CPU under ``TRITON_INTERPRET=1``.
+"""
+
+from ._triton import HAS_TRITON
+from .attention import block_sparse_attention
+from .indexer import index_block_topk
+
+__all__ = ["HAS_TRITON", "block_sparse_attention", "index_block_topk"]

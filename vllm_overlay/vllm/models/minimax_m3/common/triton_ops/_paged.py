@@ -1,0 +1,21 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Paged-cache addressing shared by the MSA kernels."""
+
+from ._triton import tl, triton
+
+
+@triton.jit
+def paged_row_offsets(bt_row_ptr, key_pos, key_mask, PAGE_SIZE: tl.constexpr,
+                      stride_page, stride_slot):
+    """Element offsets of the cache rows holding absolute key positions.
+
+    bt_row_ptr: pointer to the request's block-table row (int32 page ids).
+    key_pos:    [N] int32 absolute key positions (token index in the request).
+    key_mask:   [N] bool; masked keys get offset 0 (callers mask the load).
+    Returns [N] int64 offsets ``page * stride_page + slot * stride_slot``
+    (in elements of the cache tensor).
+    """
+    page_slot = key_pos // PAGE_SIZE
+    page = tl.load(bt_row_ptr + page_slot, mask=key_mask, other=0).to(tl.int64)
+    in_page = (key_pos - page_slot * PAGE_SIZE).to(tl.int64)
+    return page * stride_page + in_page * stride_slot

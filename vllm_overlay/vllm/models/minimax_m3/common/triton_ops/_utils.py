@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Small host-side helpers shared by the MSA kernel wrappers (no device syncs)."""
+
+import functools
+import os
+
+import torch
+
+from ._triton import HAS_TRITON
+
+
+def next_pow2(x: int) -> int:
+    """Smallest power of two >= max(x, 1)."""
+    x = max(int(x), 1)
+    return 1 << (x - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def largest_pow2_divisor(x: int, cap: int) -> int:
+    """Largest power of two that divides ``x`` and is <= ``cap``."""
+    p = 1
+    while p * 2 <= cap and x % (p * 2) == 0:
+        p *= 2
+    return p
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors (CUs on ROCm) of ``device``; 4 off-GPU."""
+    if device.type == "cuda":
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        return _num_sms(idx)
+    return 4
+
+
+def check_triton(device: torch.device) -> None:
+    if not HAS_TRITON:
+        raise RuntimeError(
+            "MiniMax-M3 MSA Triton kernels need the `triton` package; install it "
+            "or use the PyTorch reference sparse backend."
+        )
+    if device.type != "cuda" and not interpreting():
+        raise RuntimeError(
+            f"MiniMax-M3 MSA Triton kernels got tensors on {device}; they run on "
+            "CUDA/ROCm devices, or on CPU only with TRITON_INTERPRET=1 set before "
+            "triton is imported. Use the PyTorch reference sparse backend otherwise."
+        )
+
+
+def check_int32_vector(name: str, t: torch.Tensor, n: int) -> None:
+    if t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"{name} must have shape [{n}] (one entry per query token), got {tuple(t.shape)}")
+    if t.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {t.dtype}; convert it with .to(torch.int32)")
+
+
+def check_block_table(block_table: torch.Tensor) -> None:
+    if block_table.dim() != 2 or block_table.dtype != torch.int32:
+        raise ValueError(
+            f"block_table must be a 2-D int32 tensor [num_requests, max_pages], got "
+            f"shape {tuple(block_table.shape)} dtype {block_table.dtype}"
+        )
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table must be contiguous in its last dim; pass block_table.contiguous()")

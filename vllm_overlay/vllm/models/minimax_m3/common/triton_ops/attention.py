@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``block_sparse_attention``: MiniMax-M3 MSA block-sparse GQA attention (Triton).
+
+Query head h uses KV head ``h // (Hq // Hkv)`` and that KV head's selected
+sparse blocks ``topk_blocks[t, kv_head]``; a key at position j of a selected
+block is visible iff ``j <= token_pos[t]``.  Softmax in fp32 with ``scale``.
+Decode-sized batches split the selected blocks over several programs and merge
+the partial results by log-sum-exp; the split count depends only on static
+sizes (CUDA-graph capturable, no host syncs).
+"""
+
+import torch
+
+from ._utils import (cdiv, check_block_table, check_int32_vector, check_triton,
+                     largest_pow2_divisor, next_pow2, num_sms)
+from .sparse_attn_fwd import sparse_attn_fwd_kernel
+from .sparse_attn_merge import sparse_attn_merge_kernel
+
+_FP8_DTYPES = tuple(
+    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+
+
+def _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
+              kv_scale_mode, k_scale, v_scale, kv_scales):
+    if q.dim() != 3:
+        raise ValueError(f"q must be [num_tokens, num_q_heads, head_dim], got {tuple(q.shape)}")
+    if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
+        raise ValueError("kv_cache must be [num_pages, 2, page_size, num_kv_heads, head_dim], "
+                         f"got {tuple(kv_cache.shape)}")
+    T, HQ, D = q.shape
+    _, _, page_size, HKV, DK = kv_cache.shape
+    if DK != D:
+        raise ValueError(f"head_dim mismatch: q has {D}, kv_cache has {DK}")
+    if HQ % HKV != 0:
+        raise ValueError(f"num_q_heads ({HQ}) must be a multiple of num_kv_heads ({HKV})")
+    if q.stride(2) != 1 or kv_cache.stride(4) != 1:
+        raise ValueError("q and kv_cache must be contiguous in head_dim")
+    check_block_table(block_table)
+    check_int32_vector("token_req", token_req, T)
+    check_int32_vector("token_pos", token_pos, T)
+    if (topk_blocks.dim() != 3 or topk_blocks.shape[:2] != (T, HKV)
+            or topk_blocks.dtype != torch.int32 or topk_blocks.stride(2) != 1):
+        raise ValueError(f"topk_blocks must be int32 [{T}, {HKV}, topk] contiguous in the last "
+                         f"dim, got {tuple(topk_blocks.shape)} {topk_blocks.dtype}")
+    if sparse_block <= 0 or sparse_block % page_size != 0:
+        raise ValueError(f"sparse_block ({sparse_block}) must be a positive multiple of the KV "
+                         f"cache page size ({page_size})")
+    if kv_scale_mode not in (0, 1, 2):
+        raise ValueError(f"kv_scale_mode must be 0 (none), 1 (scalar) or 2 (per token and KV "
+                         f"head), got {kv_scale_mode}")
+    is_fp8 = kv_cache.dtype in _FP8_DTYPES
+    if kv_scale_mode == 0 and is_fp8:
+        raise ValueError("an fp8 kv_cache needs kv_scale_mode 1 (k_scale/v_scale) or 2 (kv_scales)")
+    if kv_scale_mode == 0 and kv_cache.dtype != q.dtype:
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} must match q dtype {q.dtype}")
+    if kv_scale_mode in (1, 2) and not is_fp8:
+        raise ValueError(f"kv_scale_mode {kv_scale_mode} needs an fp8 kv_cache, got {kv_cache.dtype}")
+    if kv_scale_mode == 1:
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not isinstance(s, torch.Tensor) or s.numel() != 1 or s.dtype != torch.float32:
+                raise ValueError(f"kv_scale_mode 1 needs {name} as a one-element float32 tensor "
+                                 "on the device (kept as a tensor so CUDA graphs see updates)")
+    if kv_scale_mode == 2:
+        want = (kv_cache.shape[0], 2, page_size, HKV)
+        if (not isinstance(kv_scales, torch.Tensor) or tuple(kv_scales.shape) != want
+                or kv_scales.dtype != torch.float32 or kv_scales.stride(-1) != 1):
+            raise ValueError(f"kv_scale_mode 2 needs kv_scales float32 {list(want)} "
+                             "[num_pages, 2, page_size, num_kv_heads]")
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    topk_blocks: torch.Tensor,
+    sparse_block: int,
+    scale: float,
+    kv_scale_mode: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kv_scales: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Block-sparse GQA attention of each query token over its selected blocks.
+
+    Args:
+      q: [T, Hq, D] queries (after norm + RoPE), model dtype.
+      kv_cache: [num_pages, 2, page_size, Hkv, D], model dtype or fp8 e4m3.
+      block_table [R, max_pages], token_req [T], token_pos [T]: int32.
+      topk_blocks: [T, Hkv, topk] int32 selected block ids, -1 = empty.
+      sparse_block: tokens per sparse block; scale: softmax scale.
+      kv_scale_mode: 0 none, 1 scalar (k_scale, v_scale one-element float32
+        tensors), 2 per token and KV head (kv_scales [num_pages, 2, page_size,
+        Hkv] float32).
+      out: optional [T, Hq, D] output (q dtype).
+      num_splits: override of the split count over selected blocks (tests).
+    Returns: [T, Hq, D] in q.dtype.
+    """
+    _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
+              kv_scale_mode, k_scale, v_scale, kv_scales)
+    device = q.device
+    check_triton(device)
+    T, HQ, D = q.shape
+    _, _, page_size, HKV, _ = kv_cache.shape
+    topk = topk_blocks.shape[2]
+    G = HQ // HKV
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
+        raise ValueError(f"out must be {q.dtype} {list(q.shape)} contiguous in the last dim")
+    if T == 0:
+        return out
+
+    if num_splits is None:
+        # split the selected blocks only when tokens x KV heads cannot fill the GPU
+        work = T * HKV
+        splits = 1
+        while splits < topk and work * splits * 2 <= 2 * num_sms(device):
+            splits *= 2
+    else:
+        splits = max(1, min(int(num_splits), topk))
+    slots = cdiv(topk, splits)
+    splits = cdiv(topk, slots)
+
+    G_PAD = max(16, next_pow2(G))
+    D_PAD = max(16, next_pow2(D))
+    BLOCK_N = largest_pow2_divisor(sparse_block, 64 if D_PAD <= 128 else 32)
+    if BLOCK_N < 16:
+        raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
+    ieee = q.dtype == torch.float32
+    dummy = q
+    ks = k_scale if kv_scale_mode == 1 else dummy
+    vs = v_scale if kv_scale_mode == 1 else dummy
+    kvs = kv_scales if kv_scale_mode == 2 else dummy
+    sstr = kv_scales.stride() if kv_scale_mode == 2 else (0, 0, 0, 0)
+
+    if splits == 1:
+        part_o = part_lse = out
+        o_ptr, ost = out, (out.stride(0), out.stride(1))
+    else:
+        part_o = torch.empty((T, HQ, splits, D_PAD), dtype=torch.float32, device=device)
+        part_lse = torch.empty((T, HQ, splits), dtype=torch.float32, device=device)
+        o_ptr, ost = out, (HQ, 1)
+    sparse_attn_fwd_kernel[(T, HKV, splits)](
+        q, kv_cache, block_table, token_req, token_pos, topk_blocks,
+        o_ptr, part_o, part_lse,
+        ks, vs, kvs,
+        float(scale),
+        q.stride(0), q.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        sstr[0], sstr[1], sstr[2], sstr[3],
+        block_table.stride(0),
+        topk_blocks.stride(0), topk_blocks.stride(1),
+        ost[0], ost[1],
+        G=G, G_PAD=G_PAD, D=D, D_PAD=D_PAD,
+        TOPK=topk, SLOTS=slots, NUM_SPLITS=splits,
+        SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
+        SCALE_MODE=kv_scale_mode, IEEE=ieee,
+        num_warps=4, num_stages=2,
+    )
+    if splits > 1:
+        sparse_attn_merge_kernel[(T, HQ)](
+            part_o, part_lse, out,
+            out.stride(0), out.stride(1),
+            HQ=HQ, S=splits, S_PAD=max(2, next_pow2(splits)), D=D, D_PAD=D_PAD,
+            num_warps=4,
+        )
+    return out
+
+
+__all__ = ["block_sparse_attention"]

@@ -1,0 +1,81 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Decode index scoring, stage 1: per-block max score, split over the context.
+
+One program handles one query token and ``BLOCKS_PER_PROG`` consecutive sparse
+blocks for *all* index heads, so every index key is read once per token
+(index heads share the single index-key head).  The grid is
+``(cdiv(max_blocks, BLOCKS_PER_PROG), num_tokens)`` and depends only on static
+sizes (max pages of the block table), so the launch is CUDA-graph capturable;
+programs past the token's own block do no work.
+
+Layouts (element strides, last dim contiguous):
+  idx_q        [T, H, D]             model dtype (fp32/fp16/bf16)
+  idx_k_cache  [num_pages, page_size, D]  model dtype, or fp8 e4m3 with
+  idx_k_scales [num_pages, page_size] float32 (K_SCALED=True; score *= scale)
+  block_table  [R, max_pages] int32, token_req / token_pos [T] int32
+  scores (out) [T, H, max_blocks] float32; entry b is written for b <= own
+               block only: max over keys j in block b with j <= pos of
+               fp32 dot(idx_q, idx_k) (no softmax scale); forced blocks (own,
+               ``LOCAL - 1`` preceding ones, the first ``INIT``) get +inf.
+"""
+
+from ._paged import paged_row_offsets
+from ._triton import tl, triton
+
+
+@triton.jit
+def index_block_max_decode_kernel(
+    q_ptr, k_ptr, ks_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
+    tok_base,
+    stride_qt, stride_qh,
+    stride_kp, stride_ks,
+    stride_sp, stride_ss,
+    stride_bt,
+    stride_ot, stride_oh,
+    H: tl.constexpr, H_PAD: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCKS_PER_PROG: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    LOCAL: tl.constexpr, INIT: tl.constexpr,
+    K_SCALED: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_c = tl.program_id(0)
+    t = tok_base + tl.program_id(1)
+    req = tl.load(req_ptr + t)
+    pos = tl.load(pos_ptr + t)
+    own = pos // SPARSE_BLOCK
+    b0 = pid_c * BLOCKS_PER_PROG
+    nb = tl.minimum(own - b0 + 1, BLOCKS_PER_PROG)  # <= 0: nothing visible here
+
+    offs_h = tl.arange(0, H_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    hmask = offs_h < H
+    dmask = offs_d < D
+    q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
+                mask=hmask[:, None] & dmask[None, :], other=0.0)
+    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+    out_row = out_ptr + t.to(tl.int64) * stride_ot + offs_h * stride_oh
+
+    for i in range(0, nb):
+        b = b0 + i
+        bmax = tl.full([H_PAD], float("-inf"), tl.float32)
+        for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+            kp = b * SPARSE_BLOCK + n0 + offs_n
+            kmask = kp <= pos
+            row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
+            k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
+                        mask=kmask[:, None] & dmask[None, :], other=0.0)
+            if IEEE:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype)))
+            if K_SCALED:
+                srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+                ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
+                s = s * ksc[None, :]
+            s = tl.where(kmask[None, :], s, float("-inf"))
+            bmax = tl.maximum(bmax, tl.max(s, axis=1))
+        forced = (b > own - LOCAL) | (b < INIT)
+        bmax = tl.where(forced, float("inf"), bmax)
+        tl.store(out_row + b, bmax, mask=hmask)

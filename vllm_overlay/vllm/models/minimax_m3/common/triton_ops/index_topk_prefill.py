@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Prefill / chunked-prefill index scoring fused with a streaming block top-k.
+
+One program handles a tile of ``BLOCK_M`` consecutive query tokens for one
+index head and (optionally) one split of the context (``SPLITS`` programs
+along axis 2, split ``c`` covering sparse blocks ``[c*bps, (c+1)*bps)``).
+For every visible sparse block it computes the block score of each row -- the
+max over keys ``j <= token_pos`` of fp32 ``dot(idx_q, idx_k)`` -- and inserts
+it into a per-row running top-k set kept in registers (replace-the-minimum),
+so the ``[T, num_blocks]`` score matrix is never materialised.  Forced blocks
+(own block, ``LOCAL - 1`` preceding ones, the first ``INIT``) score +inf.
+
+Rows of a tile may belong to different requests (the tile loops over the
+requests present in it, ``min(token_req)..max(token_req)``); this is exact for
+any order of ``token_req`` and efficient when a request's tokens are adjacent.
+
+Layouts (element strides, last dim contiguous):
+  idx_q        [T, H, D];   idx_k_cache [num_pages, page_size, D]
+  idx_k_scales [num_pages, page_size] float32 (K_SCALED, fp8 index keys)
+  SPLITS == 1: out_ids [T, H, TOPK] int32, left-packed, -1 padded
+  SPLITS  > 1: cand_v / cand_i [T, H, SPLITS * TOPK] (float32 / int32)
+               candidates per split, merged by ``block_topk_select_kernel``.
+"""
+
+from ._paged import paged_row_offsets
+from ._triton import tl, triton
+
+
+@triton.jit
+def index_topk_prefill_kernel(
+    q_ptr, k_ptr, ks_ptr, bt_ptr, req_ptr, pos_ptr,
+    out_ids_ptr, cand_v_ptr,
+    tok_base, tok_end, blocks_per_split,
+    stride_qt, stride_qh,
+    stride_kp, stride_ks,
+    stride_sp, stride_ss,
+    stride_bt,
+    stride_ot, stride_oh,
+    D: tl.constexpr, D_PAD: tl.constexpr,
+    TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+    SPLITS: tl.constexpr, K_SCALED: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+
+    rows = tok_base + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < tok_end
+    req = tl.load(req_ptr + rows, mask=rmask, other=0)
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=-1)
+    own = tl.where(rmask, pos // SPARSE_BLOCK, -1)
+
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, TOPK_PAD)
+    dmask = offs_d < D
+    q = tl.load(q_ptr + rows.to(tl.int64)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0)
+    if IEEE:
+        q = q.to(tl.float32)
+
+    run_v = tl.where(offs_k[None, :] < TOPK, float("-inf"), float("inf")) + tl.zeros([BLOCK_M, TOPK_PAD], tl.float32)
+    run_i = tl.full([BLOCK_M, TOPK_PAD], -1, tl.int32)
+
+    b_lo = split * blocks_per_split
+    r_lo = tl.min(tl.where(rmask, req, 2147483647), axis=0)
+    r_hi = tl.max(tl.where(rmask, req, -1), axis=0)
+    for r in range(r_lo, r_hi + 1):
+        act = rmask & (req == r)
+        pos_a = tl.where(act, pos, -1)
+        own_a = tl.where(act, own, -1)
+        max_pos = tl.max(pos_a, axis=0)
+        b_hi = tl.minimum(tl.max(own_a, axis=0) + 1, b_lo + blocks_per_split)
+        bt_row = bt_ptr + r.to(tl.int64) * stride_bt
+        for b in range(b_lo, b_hi):
+            bmax = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+                kp = b * SPARSE_BLOCK + n0 + offs_n
+                kmask = kp <= max_pos
+                row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
+                k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
+                            mask=kmask[:, None] & dmask[None, :], other=0.0)
+                if IEEE:
+                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+                else:
+                    s = tl.dot(q, tl.trans(k.to(q.dtype)))
+                if K_SCALED:
+                    srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+                    ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
+                    s = s * ksc[None, :]
+                s = tl.where(kp[None, :] <= pos_a[:, None], s, float("-inf"))
+                bmax = tl.maximum(bmax, tl.max(s, axis=1))
+            forced = (b <= own_a) & ((b > own_a - LOCAL) | (b < INIT))
+            new_v = tl.where(forced, float("inf"), bmax)
+            # insert (new_v, b) into each row's running set (rows of other
+            # requests have new_v == -inf and are left untouched)
+            cur_min = tl.min(run_v, axis=1)
+            slot = tl.argmin(run_v, axis=1)
+            sel = (offs_k[None, :] == slot[:, None]) & (new_v > cur_min)[:, None]
+            run_v = tl.where(sel, new_v[:, None], run_v)
+            run_i = tl.where(sel, b, run_i)
+
+    omask = rmask[:, None] & (offs_k[None, :] < TOPK)
+    if SPLITS == 1:
+        optr = out_ids_ptr + rows.to(tl.int64)[:, None] * stride_ot + h * stride_oh + offs_k[None, :]
+        tl.store(optr, run_i, mask=omask)
+    else:
+        # candidate buffers: [T, H, SPLITS * TOPK], ids stored in out_ids_ptr
+        base = rows.to(tl.int64)[:, None] * stride_ot + h * stride_oh + split * TOPK + offs_k[None, :]
+        tl.store(cand_v_ptr + base, run_v, mask=omask)
+        tl.store(out_ids_ptr + base, run_i, mask=omask)

@@ -1,0 +1,71 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Top-k selection over a row of candidate block scores (index stage 2).
+
+One program per (query token, index head).  It streams the row in chunks of
+``CHUNK`` entries, extracts each chunk's best ``TOPK`` entries by repeated
+argmax and inserts them into a running top-k set (replace-the-minimum).  The
+set is left-packed (empty slots are always the rightmost ones) and -1 padded;
+entries equal to -inf are never selected.
+
+Layouts:
+  vals [T, H, N] float32 candidate scores (+inf = forced block)
+  ids  [T, H, N] int32 block ids (HAS_IDS) -- else the block id is the column
+  out  [T, H, TOPK] int32 selected block ids, -1 padded
+If VALID_FROM_POS, only columns b <= token_pos // SPARSE_BLOCK are read (the
+decode score buffer is only written up to the own block).
+"""
+
+from ._triton import tl, triton
+
+
+@triton.jit
+def topk_insert(run_v, run_i, offs_k, new_v, new_i):
+    """Insert one (score, id) into a running top-k set (1-D, length TOPK_PAD)."""
+    cur_min = tl.min(run_v, axis=0)
+    slot = tl.argmin(run_v, axis=0)
+    sel = (offs_k == slot) & (new_v > cur_min)
+    run_v = tl.where(sel, new_v, run_v)
+    run_i = tl.where(sel, new_i, run_i)
+    return run_v, run_i
+
+
+@triton.jit
+def block_topk_select_kernel(
+    vals_ptr, ids_ptr, pos_ptr, out_ptr,
+    tok_base, N,
+    stride_vt, stride_vh,
+    stride_ot, stride_oh,
+    TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
+    HAS_IDS: tl.constexpr, VALID_FROM_POS: tl.constexpr,
+):
+    t = tok_base + tl.program_id(0)
+    h = tl.program_id(1)
+    if VALID_FROM_POS:
+        pos = tl.load(pos_ptr + t)
+        n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, N)
+    else:
+        n_valid = N
+    row = t.to(tl.int64) * stride_vt + h * stride_vh
+    offs_k = tl.arange(0, TOPK_PAD)
+    offs_c = tl.arange(0, CHUNK)
+    # padded slots hold +inf so they are never the minimum (never written out)
+    run_v = tl.where(offs_k < TOPK, float("-inf"), float("inf"))
+    run_i = tl.full([TOPK_PAD], -1, tl.int32)
+    for c0 in range(0, n_valid, CHUNK):
+        cols = c0 + offs_c
+        cmask = cols < n_valid
+        v = tl.load(vals_ptr + row + cols, mask=cmask, other=float("-inf"))
+        if HAS_IDS:
+            ids = tl.load(ids_ptr + row + cols, mask=cmask, other=-1)
+        for _ in tl.static_range(TOPK):
+            best = tl.max(v, axis=0)
+            j = tl.argmax(v, axis=0)
+            if HAS_IDS:
+                bid = tl.sum(tl.where(offs_c == j, ids, 0), axis=0)
+            else:
+                bid = c0 + j
+            run_v, run_i = topk_insert(run_v, run_i, offs_k, best, bid.to(tl.int32))
+            v = tl.where(offs_c == j, float("-inf"), v)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + offs_k, run_i,
+             mask=offs_k < TOPK)

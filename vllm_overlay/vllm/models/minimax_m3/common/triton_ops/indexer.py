@@ -1,0 +1,223 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``index_block_topk``: MiniMax-M3 MSA index scoring + block top-k (Triton).
+
+Semantics (same as the PyTorch reference backend, ``sparse_ops.py``): for query
+token t and index head h the score of sparse block b is
+``max_{j in block b, j <= token_pos[t]} fp32 dot(idx_q[t, h], idx_k[j])``
+(no scale).  Blocks ``own - local_blocks + 1 .. own`` (own = token_pos //
+sparse_block, clamped at 0) and ``0 .. init_blocks - 1`` (when visible) are
+always selected; the rest of the ``topk`` slots go to the best-scoring
+visible blocks.  The result lists block ids left-packed, without repeats,
+with -1 in the slots left over when fewer than ``topk`` blocks are visible.
+The order of the valid ids inside a row is unspecified.
+
+Two paths, both without host syncs or data-dependent grids:
+  * decode (tokens ``[0, num_decode_tokens)``): split over the context
+    (``index_score_decode`` writes per-block maxima, ``index_topk_select``
+    picks the top-k); grid sizes depend only on ``max_context``.
+  * prefill (the remaining tokens): tiles of query tokens with a streaming
+    top-k in registers (``index_topk_prefill``), optionally split over the
+    context and merged by ``index_topk_select``.
+"""
+
+import torch
+
+from ._utils import (cdiv, check_block_table, check_int32_vector, check_triton,
+                     largest_pow2_divisor, next_pow2, num_sms)
+from .index_score_decode import index_block_max_decode_kernel
+from .index_topk_prefill import index_topk_prefill_kernel
+from .index_topk_select import block_topk_select_kernel
+
+_FP8_DTYPES = tuple(
+    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+
+
+def _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
+              topk, local_blocks, init_blocks, idx_k_scales):
+    if idx_q.dim() != 3:
+        raise ValueError(f"idx_q must be [num_tokens, index_heads, index_dim], got {tuple(idx_q.shape)}")
+    if idx_k_cache.dim() != 3:
+        raise ValueError("idx_k_cache must be [num_pages, page_size, index_dim], got "
+                         f"{tuple(idx_k_cache.shape)}")
+    T, H, D = idx_q.shape
+    if idx_k_cache.shape[2] != D:
+        raise ValueError(f"index dim mismatch: idx_q has {D}, idx_k_cache has {idx_k_cache.shape[2]}")
+    if idx_q.stride(2) != 1 or idx_k_cache.stride(2) != 1:
+        raise ValueError("idx_q and idx_k_cache must be contiguous in the index dim")
+    check_block_table(block_table)
+    check_int32_vector("token_req", token_req, T)
+    check_int32_vector("token_pos", token_pos, T)
+    page_size = idx_k_cache.shape[1]
+    if sparse_block <= 0 or sparse_block % page_size != 0:
+        raise ValueError(f"sparse_block ({sparse_block}) must be a positive multiple of the "
+                         f"index cache page size ({page_size})")
+    if topk <= 0:
+        raise ValueError(f"topk must be >= 1, got {topk}")
+    if local_blocks < 0 or init_blocks < 0 or local_blocks + init_blocks > topk:
+        raise ValueError(f"need 0 <= local_blocks ({local_blocks}), 0 <= init_blocks "
+                         f"({init_blocks}) and local_blocks + init_blocks <= topk ({topk})")
+    if idx_k_cache.dtype in _FP8_DTYPES:
+        if idx_k_scales is None:
+            raise ValueError("an fp8 idx_k_cache needs idx_k_scales [num_pages, page_size] float32 "
+                             "(one dequantisation scale per token)")
+    elif idx_k_cache.dtype != idx_q.dtype:
+        raise ValueError(f"idx_k_cache dtype {idx_k_cache.dtype} must match idx_q dtype "
+                         f"{idx_q.dtype} (or be fp8 with idx_k_scales)")
+    if idx_k_scales is not None:
+        if (idx_k_scales.shape != idx_k_cache.shape[:2] or idx_k_scales.dtype != torch.float32):
+            raise ValueError("idx_k_scales must be float32 [num_pages, page_size], got "
+                             f"{tuple(idx_k_scales.shape)} {idx_k_scales.dtype}")
+        if idx_k_cache.dtype not in _FP8_DTYPES:
+            raise ValueError("idx_k_scales is only valid with an fp8 idx_k_cache")
+
+
+def index_block_topk(
+    idx_q: torch.Tensor,
+    idx_k_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    sparse_block: int,
+    topk: int,
+    local_blocks: int = 1,
+    init_blocks: int = 0,
+    *,
+    num_decode_tokens: int | None = None,
+    max_context: int | None = None,
+    idx_k_scales: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    blocks_per_prog: int | None = None,
+    context_splits: int | None = None,
+) -> torch.Tensor:
+    """Select the top-k sparse blocks per (query token, index head).
+
+    Args:
+      idx_q: [T, H_idx, D_idx] index queries (after norm + RoPE), model dtype.
+      idx_k_cache: [num_pages, page_size, D_idx] paged index keys (model dtype,
+        or fp8 e4m3 with ``idx_k_scales`` [num_pages, page_size] float32).
+      block_table: [R, max_pages] int32; token_req / token_pos: [T] int32.
+      sparse_block: tokens per sparse block (a multiple of page_size).
+      topk, local_blocks, init_blocks: selection sizes (see module doc).
+      num_decode_tokens: tokens ``[0, n)`` take the split-context decode path,
+        the rest the prefill path.  Default: all decode when T <= R (one token
+        per request), else all prefill.  Both paths give the same result.
+      max_context: static upper bound on token_pos + 1 (default
+        ``max_pages * page_size``); sizes the decode grid and score buffer.
+      blocks_per_prog, context_splits: tuning overrides (tests use them to
+        exercise every code path).
+    Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
+    """
+    _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
+              topk, local_blocks, init_blocks, idx_k_scales)
+    device = idx_q.device
+    check_triton(device)
+    T, H, D = idx_q.shape
+    page_size = idx_k_cache.shape[1]
+    if out is None:
+        out = torch.empty((T, H, topk), dtype=torch.int32, device=device)
+    elif out.shape != (T, H, topk) or out.dtype != torch.int32 or out.stride(2) != 1:
+        raise ValueError(f"out must be int32 [{T}, {H}, {topk}] contiguous in the last dim")
+    if T == 0:
+        return out
+    if max_context is None:
+        max_context = block_table.shape[1] * page_size
+    max_blocks = max(cdiv(max_context, sparse_block), 1)
+    if num_decode_tokens is None:
+        num_decode_tokens = T if T <= block_table.shape[0] else 0
+    nd = max(0, min(int(num_decode_tokens), T))
+
+    k_scaled = idx_k_scales is not None
+    ks = idx_k_scales if k_scaled else idx_k_cache  # dummy pointer when unused
+    s_sp, s_ss = (ks.stride(0), ks.stride(1)) if k_scaled else (0, 0)
+    ieee = idx_q.dtype == torch.float32
+    D_PAD = max(16, next_pow2(D))
+    BLOCK_N = largest_pow2_divisor(sparse_block, 128)
+    if BLOCK_N < 16:
+        raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
+    TOPK_PAD = next_pow2(topk)
+    sms = num_sms(device)
+
+    if nd > 0:
+        if blocks_per_prog is None:
+            # enough programs to fill the GPU at batch 1, few at large batch
+            bpp = 1
+            while bpp < 16 and nd * cdiv(max_blocks, bpp * 2) >= 4 * sms:
+                bpp *= 2
+        else:
+            bpp = int(blocks_per_prog)
+        H_PAD = max(16, next_pow2(H))
+        scores = torch.empty((nd, H, max_blocks), dtype=torch.float32, device=device)
+        grid = (cdiv(max_blocks, bpp), nd)
+        index_block_max_decode_kernel[grid](
+            idx_q, idx_k_cache, ks, block_table, token_req, token_pos, scores,
+            0,
+            idx_q.stride(0), idx_q.stride(1),
+            idx_k_cache.stride(0), idx_k_cache.stride(1),
+            s_sp, s_ss,
+            block_table.stride(0),
+            scores.stride(0), scores.stride(1),
+            H=H, H_PAD=H_PAD, D=D, D_PAD=D_PAD,
+            SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N,
+            BLOCKS_PER_PROG=bpp, PAGE_SIZE=page_size,
+            LOCAL=local_blocks, INIT=init_blocks,
+            K_SCALED=k_scaled, IEEE=ieee,
+            num_warps=4,
+        )
+        block_topk_select_kernel[(nd, H)](
+            scores, scores, token_pos, out,
+            0, max_blocks,
+            scores.stride(0), scores.stride(1),
+            out.stride(0), out.stride(1),
+            TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=min(next_pow2(max_blocks), 2048),
+            SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
+            num_warps=4,
+        )
+
+    npf = T - nd
+    if npf > 0:
+        BLOCK_M = 64 if D_PAD <= 128 else 32
+        tiles = cdiv(npf, BLOCK_M)
+        if context_splits is None:
+            splits = 1
+            while (splits < 64 and tiles * H * splits * 2 <= 2 * sms
+                   and cdiv(max_blocks, splits * 2) >= 8):
+                splits *= 2
+        else:
+            splits = max(1, min(int(context_splits), max_blocks))
+        bps = cdiv(max_blocks, splits)
+        splits = cdiv(max_blocks, bps)
+        common = dict(
+            D=D, D_PAD=D_PAD, TOPK=topk, TOPK_PAD=TOPK_PAD,
+            SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
+            PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
+            SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
+            num_warps=4 if BLOCK_M * BLOCK_N <= 4096 else 8,
+        )
+        args = (idx_q.stride(0), idx_q.stride(1),
+                idx_k_cache.stride(0), idx_k_cache.stride(1),
+                s_sp, s_ss, block_table.stride(0))
+        grid = (tiles, H, splits)
+        if splits == 1:
+            index_topk_prefill_kernel[grid](
+                idx_q, idx_k_cache, ks, block_table, token_req, token_pos,
+                out, out, nd, T, bps, *args, out.stride(0), out.stride(1), **common)
+        else:
+            cand_v = torch.empty((T, H, splits * topk), dtype=torch.float32, device=device)
+            cand_i = torch.empty((T, H, splits * topk), dtype=torch.int32, device=device)
+            index_topk_prefill_kernel[grid](
+                idx_q, idx_k_cache, ks, block_table, token_req, token_pos,
+                cand_i, cand_v, nd, T, bps, *args, cand_v.stride(0), cand_v.stride(1),
+                **common)
+            block_topk_select_kernel[(npf, H)](
+                cand_v, cand_i, token_pos, out,
+                nd, splits * topk,
+                cand_v.stride(0), cand_v.stride(1),
+                out.stride(0), out.stride(1),
+                TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=min(next_pow2(splits * topk), 1024),
+                SPARSE_BLOCK=sparse_block, HAS_IDS=True, VALID_FROM_POS=False,
+                num_warps=4,
+            )
+    return out
+
+
+__all__ = ["index_block_topk"]

@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Block-sparse GQA attention over selected sparse blocks (prefill + decode).
+
+One program per (query token, KV head, split).  The ``G`` query heads of the
+KV head's GQA group form the M dimension of the tile (padded to ``G_PAD``, a
+power of two >= 16, padded rows masked), so K/V of each selected block are
+read once for the whole group.  Split ``s`` walks selected-block slots
+``[s*SLOTS, (s+1)*SLOTS)`` of ``topk_blocks[t, kv_head]`` with an online
+softmax (base-2 exponent); -1 slots and keys after ``token_pos`` (causal inside
+the own block) are masked.
+
+Scale modes (``SCALE_MODE`` constexpr) for the KV cache:
+  0: K/V stored in a float dtype, no scale.
+  1: fp8 e4m3 with one scalar k_scale / v_scale per layer (float32 tensors of
+     one element): k_scale is folded into the softmax scale and v_scale is
+     applied once to the normalised fp32 accumulator.
+  2: fp8 e4m3 with per (token, KV head) scales ``kv_scales`` [num_pages, 2,
+     page_size, Hkv] float32: k scales multiply the score columns and v scales
+     the probabilities fed to P@V -- identical to dequantising every element.
+
+Layouts (element strides):
+  q        [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
+  topk     [T, Hkv, TOPK] int32 block ids (-1 = empty slot)
+  NUM_SPLITS == 1: out [T, Hq, D] (q dtype), written normalised
+  NUM_SPLITS  > 1: part_o [T, Hq, NUM_SPLITS, D] float32 (normalised per
+                   split) and part_lse [T, Hq, NUM_SPLITS] float32 (log2 of
+                   the split's softmax mass, -inf if empty), merged by
+                   ``sparse_attn_merge``.
+Rows with no visible key produce zeros.
+"""
+
+from ._paged import paged_row_offsets
+from ._triton import tl, triton
+
+
+@triton.jit
+def sparse_attn_fwd_kernel(
+    q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, topk_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    k_scale_ptr, v_scale_ptr, kvs_ptr,
+    sm_scale,
+    stride_qt, stride_qh,
+    stride_cp, stride_ckv, stride_cs, stride_ch,
+    stride_sp, stride_skv, stride_ss, stride_sh,
+    stride_bt,
+    stride_tt, stride_th,
+    stride_ot, stride_oh,
+    G: tl.constexpr, G_PAD: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr,
+    TOPK: tl.constexpr, SLOTS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    SCALE_MODE: tl.constexpr, IEEE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    g = tl.program_id(1)
+    split = tl.program_id(2)
+    t64 = t.to(tl.int64)
+    req = tl.load(req_ptr + t)
+    pos = tl.load(pos_ptr + t)
+
+    offs_m = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    mmask = offs_m < G
+    dmask = offs_d < D
+    heads = g * G + offs_m
+    q = tl.load(q_ptr + t64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mmask[:, None] & dmask[None, :], other=0.0)
+    if IEEE:
+        q = q.to(tl.float32)
+    cdt = q.dtype  # dtype of the tl.dot operands
+
+    qk_scale = sm_scale * 1.4426950408889634
+    if SCALE_MODE == 1:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+
+    bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+    k_base = kv_ptr + g * stride_ch
+    v_base = kv_ptr + stride_ckv + g * stride_ch
+    topk_row = topk_ptr + t64 * stride_tt + g * stride_th
+
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+
+    slot_lo = split * SLOTS
+    slot_hi = tl.minimum(slot_lo + SLOTS, TOPK)
+    for i in range(slot_lo, slot_hi):
+        b = tl.load(topk_row + i)
+        for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+            kp = b * SPARSE_BLOCK + n0 + offs_n
+            kvalid = (kp <= pos) & (b >= 0)
+            row = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_cp, stride_cs)
+            ld_mask = kvalid[:, None] & dmask[None, :]
+            k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k.to(cdt)))
+            s = s * qk_scale
+            if SCALE_MODE == 2:
+                srow = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_sp, stride_ss)
+                ksc = tl.load(kvs_ptr + srow + g * stride_sh, mask=kvalid, other=0.0)
+                vsc = tl.load(kvs_ptr + stride_skv + srow + g * stride_sh, mask=kvalid, other=0.0)
+                s = s * ksc[None, :]
+            s = tl.where(kvalid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+            if SCALE_MODE == 2:
+                p = p * vsc[None, :]
+            if IEEE:
+                pv = tl.dot(p, v.to(cdt), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(cdt), v.to(cdt))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    if SCALE_MODE == 1:
+        o = o * tl.load(v_scale_ptr)
+    omask = mmask[:, None] & dmask[None, :]
+    if NUM_SPLITS == 1:
+        optr = out_ptr + t64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        # part_o: [T, Hq, NUM_SPLITS, D_PAD] contiguous; part_lse: [T, Hq, NUM_SPLITS]
+        ph = t64 * stride_ot + heads  # stride_ot = Hq for the partial buffers
+        tl.store(part_o_ptr + (ph[:, None] * NUM_SPLITS + split) * D_PAD + offs_d[None, :], o,
+                 mask=omask)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(part_lse_ptr + ph * NUM_SPLITS + split, lse, mask=mmask)
