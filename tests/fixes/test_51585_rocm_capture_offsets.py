@@ -1,0 +1,57 @@
+"""Regression test for the series entry porting vllm-project/vllm#51585.
+
+RocmAttentionMetadataBuilder.build_for_cudagraph_capture must zero only the
+device copy of the query offsets; the CPU copy is shared with the metadata
+builders of the model's other attention layers. The test runs the method of
+the installed (patched) vLLM and, to show that it detects the bug, the same
+method from the pristine base commit of the applied tree (build/vllm), which
+must zero the CPU copy. Runs on CPU: the method only touches tensors.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TREE = REPO / "build" / "vllm"
+PATH = "vllm/v1/attention/backends/rocm_attn.py"
+
+
+def _builder_class(variant: str):
+    if variant == "entry":
+        from vllm.v1.attention.backends import rocm_attn
+        return rocm_attn.RocmAttentionMetadataBuilder
+    stamp = TREE / ".git" / "m3-series.json"
+    if not stamp.exists():
+        pytest.fail(f"{TREE} is missing: run `make apply` (make test does) before this test")
+    base = json.loads(stamp.read_text())["base"]
+    source = subprocess.run(["git", "-C", str(TREE), "show", f"{base}:{PATH}"],
+                            capture_output=True, text=True, check=True).stdout
+    spec = importlib.util.spec_from_loader("rocm_attn_v0_23_0_base", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    exec(compile(source, f"base:{PATH}", "exec"), mod.__dict__)
+    return mod.RocmAttentionMetadataBuilder
+
+
+@pytest.mark.parametrize("variant", ["entry", "base"])
+def test_capture_keeps_cpu_query_offsets(variant):
+    cls = _builder_class(variant)
+    builder = SimpleNamespace(build=lambda prefix_len, cam: SimpleNamespace(
+        seq_lens=torch.full((4,), 7, dtype=torch.int32)))
+    offsets = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)
+    cam = SimpleNamespace(query_start_loc=offsets.clone(), query_start_loc_cpu=offsets.clone())
+    meta = cls.build_for_cudagraph_capture(builder, cam)
+    assert torch.all(meta.seq_lens == 1)
+    assert torch.all(cam.query_start_loc == 0)            # the device copy, for the kernel
+    cpu_kept = torch.equal(cam.query_start_loc_cpu, offsets)
+    if variant == "entry":
+        assert cpu_kept, "the CPU offsets shared with other builders were zeroed"
+    else:
+        assert not cpu_kept, "v0.23.0 zeroes the CPU copy; this test must detect that"
