@@ -10,7 +10,8 @@ DIST     ?= dist
 APPLY    := $(VPY) apply.py
 PYTEST_ARGS ?=
 
-.PHONY: all apply build build-cpu install-cpu demo test test-series status export fetch clean help
+.PHONY: all apply build build-cpu install-cpu demo test test-series status export fetch clean help \
+        import rebase image
 all: apply build demo
 
 help:
@@ -54,6 +55,27 @@ test: install-cpu
 
 test-series: $(VENV)/.test-ok
 	$(VPY) -m pytest $(PYTEST_ARGS) tests/series
+
+# Maintainer workflows (README.md, "Maintainer workflows").
+#   make import PATCH=fix.patch | COMMIT=<rev of build/vllm> | REF=<rev> CLONE=<vllm clone>
+#               URL=<PR or commit URL> REASON="why" [APPLIED_UPSTREAM="v0.30.0, <url>"] [POSITION=n]
+#   make rebase ONTO=<version | sdist path | git ref with ONTO_SRC=<vllm clone>> [WRITE=1]
+#   make image  BASE=<vllm image> [ALLOW_VERSION_MISMATCH=1] [OUT=build/image]
+import: $(VENV)/.tool-ok
+	$(APPLY) import --tree $(TREE) $(if $(PATCH),--patch "$(PATCH)") \
+	  $(if $(COMMIT),--commit "$(COMMIT)") $(if $(REF),--ref "$(REF)" --repo "$(CLONE)") \
+	  --url "$(URL)" --reason "$(REASON)" $(if $(APPLIED_UPSTREAM),--applied-upstream "$(APPLIED_UPSTREAM)") \
+	  $(if $(POSITION),--position $(POSITION))
+
+rebase: $(VENV)/.tool-ok
+	$(if $(ONTO),,$(error ONTO is required, e.g. make rebase ONTO=0.24.0))
+	$(APPLY) rebase --tree $(TREE) --onto "$(ONTO)" $(if $(ONTO_SRC),--vllm-src "$(ONTO_SRC)") \
+	  $(if $(WRITE),--write)
+
+image: apply
+	$(if $(BASE),,$(error BASE is required, e.g. make image BASE=vllm/vllm-openai:v0.23.0))
+	$(APPLY) image --tree $(TREE) --base "$(BASE)" $(if $(OUT),--out "$(OUT)") \
+	  $(if $(ALLOW_VERSION_MISMATCH),--allow-version-mismatch)
 
 clean:
 	rm -rf build dist

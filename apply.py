@@ -6,6 +6,10 @@
   python apply.py build   [--tree build/vllm] [--target cuda|cpu] [--dist dist]
   python apply.py status  [--tree build/vllm]
   python apply.py fetch   {sdist|cuda|cpu}
+  python apply.py import  (--patch FILE | --commit REV [--tree] | --ref REF --repo CLONE)
+                          --url URL --reason TEXT [--applied-upstream V] [--position N | --after NAME]
+  python apply.py rebase  --onto {VERSION | SDIST | REF --vllm-src CLONE} [--write] [--work DIR]
+  python apply.py image   --base IMAGE [--out build/image] [--allow-version-mismatch]
 
 The base comes from, in this order: --vllm-src / $VLLM_SRC (a vLLM git clone at
 the pinned commit, clean), --sdist / $VLLM_SDIST (a local sdist), or the sdist
@@ -22,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from m3series import applier, exporter, wheel  # noqa: E402
+from m3series import applier, exporter, image, importer, rebaser, wheel  # noqa: E402
 from m3series.errors import SeriesError  # noqa: E402
 from m3series.fetch import fetch  # noqa: E402
 from m3series.pin import BasePin  # noqa: E402
@@ -68,6 +72,8 @@ def cmd_status(args) -> int:
         upstream = f.get("Applied-Upstream", "not upstream")
         print(f"{i:3}. {e.subject}\n     {e.name}: Origin {f.get('Origin')}; "
               f"Applied-Upstream: {upstream}; {len(e.overlay_files)} overlay files")
+        if e.origin_kind in ("upstream", "backport"):
+            print(f"     upstream status: {rebaser.upstream_status(e, pin.version)}")
     stray = series.unowned_overlay_files()
     if stray:
         print("overlay files no entry owns (not applied): " + ", ".join(stray))
@@ -78,6 +84,56 @@ def cmd_status(args) -> int:
     else:
         current = stamp.get("digest") == series.digest(stamp["base_ident"])
         print(f"applied tree: {tree} is {'current' if current else 'STALE (run `make apply`)'}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    root = _root(args)
+    tree = Path(args.tree).resolve()
+    if sum(x is not None for x in (args.patch, args.commit, args.ref)) != 1:
+        raise SeriesError("import takes exactly one of --patch FILE, --commit REV (a commit of the "
+                          "applied tree) or --ref REF --repo CLONE")
+    if args.patch:
+        change = importer.change_from_patch_file(Path(args.patch), args.subject)
+    elif args.commit:
+        change = importer.change_from_commit(tree, args.commit, "--tree")
+    else:
+        if not args.repo:
+            raise SeriesError("--ref needs --repo CLONE (the vLLM clone that has the commit)")
+        change = importer.change_from_commit(Path(args.repo).expanduser().resolve(), args.ref,
+                                             "--repo")
+    if args.author:
+        change.author = args.author
+    name, written = importer.import_change(
+        root, change, url=args.url, reason=args.reason, applied_upstream=args.applied_upstream,
+        position=args.position, after=args.after, name=args.name, tree=tree,
+        sdist=args.sdist or os.environ.get("VLLM_SDIST"))
+    print(f"imported {change.source} as patches/{name}; the series applies on the base")
+    print("\n".join(f"  wrote {w}" for w in written))
+    print("next: `make apply` (add --force if build/vllm has commits of its own), then review "
+          "`git diff patches/`")
+    return 0
+
+
+def cmd_rebase(args) -> int:
+    report = rebaser.rebase(_root(args), args.onto, vllm_src=args.vllm_src,
+                            tree=Path(args.tree).resolve(),
+                            work=Path(args.work).resolve() if args.work else None,
+                            write=args.write)
+    print(report.render())
+    return 0
+
+
+def cmd_image(args) -> int:
+    root = _root(args)
+    pin = BasePin.load(root / "patches" / "base.json")
+    out = Path(args.out).resolve()
+    manifest = image.write_image_context(Series.load(root), pin, Path(args.tree).resolve(),
+                                         args.base, out,
+                                         allow_version_mismatch=args.allow_version_mismatch)
+    print(f"wrote {out}/Dockerfile and its build context: {len(manifest['files'])} files over "
+          f"{args.base}, series {manifest['series_hash'][:10]}")
+    print(f"build it with: docker build -t vllm-m3:{manifest['series_hash'][:10]} {out}")
     return 0
 
 
@@ -102,12 +158,42 @@ def main(argv=None) -> int:
     s = sub.add_parser("status", help="the series at a glance")
     f = sub.add_parser("fetch", help="download and verify a pinned artifact into the cache")
     f.add_argument("what", choices=["sdist", "cuda", "cpu"])
-    for q in (a, e, b, s):
+    im = sub.add_parser("import", help="add an upstream fix to the series, with provenance")
+    src = im.add_argument_group("where the change comes from (one of)")
+    src.add_argument("--patch", help="a `git format-patch` file (e.g. a PR's .patch) or a git diff")
+    src.add_argument("--commit", help="a commit of the applied tree (--tree)")
+    src.add_argument("--ref", help="a commit/tag/branch of a vLLM clone (with --repo)")
+    im.add_argument("--repo", help="the vLLM clone --ref refers to")
+    im.add_argument("--url", required=True, help="upstream PR or commit URL (Origin)")
+    im.add_argument("--reason", required=True, help="why the series carries it")
+    im.add_argument("--applied-upstream", help="release or URL where upstream has it "
+                    "(Applied-Upstream; default: the URL), e.g. 'v0.30.0, <url>'")
+    im.add_argument("--position", type=int, help="1-based position in the series "
+                    "(default: after the last upstream/backport entry)")
+    im.add_argument("--after", help="insert after this patch file")
+    im.add_argument("--name", help="patch file name (default: from the subject)")
+    im.add_argument("--subject", help="subject, for a plain diff (or to override)")
+    im.add_argument("--author", help="'Name <mail>' (default: the upstream author)")
+    im.add_argument("--sdist", help="local sdist of the pinned base (or $VLLM_SDIST)")
+    r = sub.add_parser("rebase", help="apply the series to a new base; per-entry report")
+    r.add_argument("--onto", required=True,
+                   help="a release version (0.24.0), a local sdist, or a git ref (with --vllm-src)")
+    r.add_argument("--vllm-src", help="vLLM clone holding the --onto ref")
+    r.add_argument("--write", action="store_true",
+                   help="write the new pin, refreshed patches and drops (all or nothing)")
+    r.add_argument("--work", help="scratch folder (default build/rebase)")
+    i = sub.add_parser("image", help="Dockerfile + context overlaying the series on a vLLM image")
+    i.add_argument("--base", required=True, help="vLLM image, e.g. vllm/vllm-openai:v0.23.0")
+    i.add_argument("--out", default=str(ROOT / "build" / "image"), help="build context folder")
+    i.add_argument("--allow-version-mismatch", action="store_true",
+                   help="overlay onto a vLLM other than the pinned version")
+    for q in (a, e, b, s, im, r, i):
         q.add_argument("--tree", default=str(ROOT / "build" / "vllm"), help="applied tree")
     args = p.parse_args(argv)
     try:
         return {"apply": cmd_apply, "export": cmd_export, "build": cmd_build,
-                "status": cmd_status, "fetch": cmd_fetch}[args.cmd](args)
+                "status": cmd_status, "fetch": cmd_fetch, "import": cmd_import,
+                "rebase": cmd_rebase, "image": cmd_image}[args.cmd](args)
     except SeriesError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

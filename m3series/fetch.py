@@ -95,7 +95,10 @@ def _project_files(index: str, project: str) -> dict[str, str]:
         body = resp.read()
         ctype = resp.headers.get("Content-Type", "") if hasattr(resp, "headers") else ""
     if "json" in ctype or body[:1] == b"{":
-        return {f["filename"]: urllib.parse.urljoin(url, f["url"]) for f in json.loads(body)["files"]}
+        # keep the index's sha256 as a URL fragment, as PEP 503 HTML pages carry it
+        return {f["filename"]: urllib.parse.urljoin(url, f["url"]).split("#")[0]
+                + (f"#sha256={f['hashes']['sha256']}" if f.get("hashes", {}).get("sha256") else "")
+                for f in json.loads(body)["files"]}
     parser = _Links()
     parser.feed(body.decode("utf-8", "replace"))
     files = {}

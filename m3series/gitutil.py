@@ -125,3 +125,23 @@ def changed_files(repo: git.Repo, old: str, new: str) -> list[tuple[str, str]]:
 
 def show_file(repo: git.Repo, rev: str, path: str) -> bytes:
     return raw(repo, "cat-file", "blob", f"{rev}:{path}")
+
+
+def run_full(repo: git.Repo | Path | str, *args: str,
+             stdin: str | bytes | None = None) -> tuple[int, str, str]:
+    """`git <args>` without raising: (exit status, stdout, stderr), e.g. to read `apply -v`."""
+    r = repo if isinstance(repo, git.Repo) else git.Repo(repo)
+    env = dict(os.environ)
+    env.update(_env())
+    kwargs = {"env": env, "with_extended_output": True, "with_exceptions": False}
+    cmd = ["git", *_NEUTRAL_CONFIG, *args]
+    if stdin is None:
+        status, out, err = r.git.execute(cmd, **kwargs)
+    else:
+        import tempfile
+
+        with tempfile.TemporaryFile() as fh:
+            fh.write(stdin.encode() if isinstance(stdin, str) else stdin)
+            fh.seek(0)
+            status, out, err = r.git.execute(cmd, istream=fh, **kwargs)
+    return status, out, err
