@@ -73,7 +73,7 @@ def index_topk_prefill_kernel(
         own_a = tl.where(act, own, -1)
         max_pos = tl.max(pos_a, axis=0)
         b_hi = tl.minimum(tl.max(own_a, axis=0) + 1, b_lo + blocks_per_split)
-        bt_row = bt_ptr + r.to(tl.int64) * stride_bt
+        bt_row = bt_ptr + r * stride_bt
         for b in range(b_lo, b_hi):
             bmax = tl.full([BLOCK_M], float("-inf"), tl.float32)
             for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
@@ -96,8 +96,8 @@ def index_topk_prefill_kernel(
             new_v = tl.where(forced, float("inf"), bmax)
             # insert (new_v, b) into each row's running set (rows of other
             # requests have new_v == -inf and are left untouched)
-            cur_min = tl.min(run_v, axis=1)
-            slot = tl.argmin(run_v, axis=1)
+            cur_min, slot = tl.min(run_v, axis=1, return_indices=True,
+                                   return_indices_tie_break_left=True)
             sel = (offs_k[None, :] == slot[:, None]) & (new_v > cur_min)[:, None]
             run_v = tl.where(sel, new_v[:, None], run_v)
             run_i = tl.where(sel, b, run_i)

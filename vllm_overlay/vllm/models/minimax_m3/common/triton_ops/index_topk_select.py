@@ -11,6 +11,7 @@ Layouts:
   vals [T, H, N] float32 candidate scores (+inf = forced block)
   ids  [T, H, N] int32 block ids (HAS_IDS) -- else the block id is the column
   out  [T, H, TOPK] int32 selected block ids, -1 padded
+SINGLE_CHUNK (N <= CHUNK): the extracted entries go straight to their slots.
 If VALID_FROM_POS, only columns b <= token_pos // SPARSE_BLOCK are read (the
 decode score buffer is only written up to the own block).
 """
@@ -21,9 +22,10 @@ from ._triton import tl, triton
 @triton.jit
 def topk_insert(run_v, run_i, offs_k, new_v, new_i):
     """Insert one (score, id) into a running top-k set (1-D, length TOPK_PAD)."""
-    cur_min = tl.min(run_v, axis=0)
-    slot = tl.argmin(run_v, axis=0)
-    sel = (offs_k == slot) & (new_v > cur_min)
+    cur_min, slot = tl.min(run_v, axis=0, return_indices=True,
+                           return_indices_tie_break_left=True)
+    # (scalar-compare & vector) is written as a where: the interpreter rejects the &
+    sel = tl.where(new_v > cur_min, offs_k == slot, False)
     run_v = tl.where(sel, new_v, run_v)
     run_i = tl.where(sel, new_i, run_i)
     return run_v, run_i
@@ -37,7 +39,7 @@ def block_topk_select_kernel(
     stride_ot, stride_oh,
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
-    HAS_IDS: tl.constexpr, VALID_FROM_POS: tl.constexpr,
+    HAS_IDS: tl.constexpr, VALID_FROM_POS: tl.constexpr, SINGLE_CHUNK: tl.constexpr,
 ):
     t = tok_base + tl.program_id(0)
     h = tl.program_id(1)
@@ -58,14 +60,17 @@ def block_topk_select_kernel(
         v = tl.load(vals_ptr + row + cols, mask=cmask, other=float("-inf"))
         if HAS_IDS:
             ids = tl.load(ids_ptr + row + cols, mask=cmask, other=-1)
-        for _ in tl.static_range(TOPK):
-            best = tl.max(v, axis=0)
-            j = tl.argmax(v, axis=0)
+        for it in tl.static_range(TOPK):
+            best, j = tl.max(v, axis=0, return_indices=True)
             if HAS_IDS:
                 bid = tl.sum(tl.where(offs_c == j, ids, 0), axis=0)
             else:
                 bid = c0 + j
-            run_v, run_i = topk_insert(run_v, run_i, offs_k, best, bid.to(tl.int32))
+            if SINGLE_CHUNK:
+                # extraction order is descending: slot `it` gets the it-th best
+                run_i = tl.where(offs_k == it, tl.where(best > float("-inf"), bid, -1), run_i)
+            else:
+                run_v, run_i = topk_insert(run_v, run_i, offs_k, best, bid.to(tl.int32))
             v = tl.where(offs_c == j, float("-inf"), v)
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + offs_k, run_i,
              mask=offs_k < TOPK)

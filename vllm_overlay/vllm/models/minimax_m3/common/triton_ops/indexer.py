@@ -18,6 +18,11 @@ Two paths, both without host syncs or data-dependent grids:
   * prefill (the remaining tokens): tiles of query tokens with a streaming
     top-k in registers (``index_topk_prefill``), optionally split over the
     context and merged by ``index_topk_select``.
+Callers that know the batch split (vLLM orders decode tokens first) should
+pass ``num_decode_tokens``; the default sends a batch with T <= R tokens down
+the decode path and any other batch down the prefill path (correct either
+way; decode tokens of a mixed batch are then scanned by one program each
+without a context split, i.e. slower at long context).
 """
 
 import torch
@@ -30,6 +35,11 @@ from .index_topk_select import block_topk_select_kernel
 
 _FP8_DTYPES = tuple(
     getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+
+
+def _select_warps(chunk: int) -> int:
+    # the top-k extraction is a chain of reductions: keep them inside few warps
+    return 1 if chunk <= 128 else (2 if chunk <= 512 else 4)
 
 
 def _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -88,6 +98,8 @@ def index_block_topk(
     out: torch.Tensor | None = None,
     blocks_per_prog: int | None = None,
     context_splits: int | None = None,
+    select_chunk: int | None = None,
+    _tune: dict | None = None,
 ) -> torch.Tensor:
     """Select the top-k sparse blocks per (query token, index head).
 
@@ -103,8 +115,10 @@ def index_block_topk(
         per request), else all prefill.  Both paths give the same result.
       max_context: static upper bound on token_pos + 1 (default
         ``max_pages * page_size``); sizes the decode grid and score buffer.
-      blocks_per_prog, context_splits: tuning overrides (tests use them to
-        exercise every code path).
+      blocks_per_prog, context_splits, select_chunk: tuning overrides (tests
+        use them to exercise every code path; select_chunk a power of two).
+      _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
+        num_warps, num_stages).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -140,9 +154,10 @@ def index_block_topk(
     if nd > 0:
         if blocks_per_prog is None:
             # enough programs to fill the GPU at batch 1, few at large batch
-            bpp = 1
-            while bpp < 16 and nd * cdiv(max_blocks, bpp * 2) >= 4 * sms:
-                bpp *= 2
+            # measured on H200 (ci/bench_msa.py --sweep): 1 block per program
+            # up to ~8k blocks in flight, 2 beyond (b32 x 128k: 255 vs 275 us
+            # with 16); more blocks per program only lengthens the tail
+            bpp = 2 if nd * max_blocks >= 16384 else 1
         else:
             bpp = int(blocks_per_prog)
         H_PAD = max(16, next_pow2(H))
@@ -163,19 +178,22 @@ def index_block_topk(
             K_SCALED=k_scaled, IEEE=ieee,
             num_warps=4,
         )
+        chunk = select_chunk or min(next_pow2(max_blocks), 2048)
         block_topk_select_kernel[(nd, H)](
             scores, scores, token_pos, out,
             0, max_blocks,
             scores.stride(0), scores.stride(1),
             out.stride(0), out.stride(1),
-            TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=min(next_pow2(max_blocks), 2048),
+            TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
-            num_warps=4,
+            SINGLE_CHUNK=max_blocks <= chunk,
+            num_warps=_select_warps(chunk),
         )
 
     npf = T - nd
     if npf > 0:
-        BLOCK_M = 64 if D_PAD <= 128 else 32
+        tune = _tune or {}
+        BLOCK_M = tune.get("BLOCK_M", 64 if D_PAD <= 128 else 32)
         tiles = cdiv(npf, BLOCK_M)
         if context_splits is None:
             splits = 1
@@ -191,7 +209,10 @@ def index_block_topk(
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
             PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
-            num_warps=4 if BLOCK_M * BLOCK_N <= 4096 else 8,
+            # H200 sweep (8192-token chunk, 32k context): 64 rows / 4 warps /
+            # 2 stages 295 us; 8 warps 546 us; 128 rows no better
+            num_warps=tune.get("num_warps", 4),
+            num_stages=tune.get("num_stages", 2),
         )
         args = (idx_q.stride(0), idx_q.stride(1),
                 idx_k_cache.stride(0), idx_k_cache.stride(1),
@@ -208,14 +229,16 @@ def index_block_topk(
                 idx_q, idx_k_cache, ks, block_table, token_req, token_pos,
                 cand_i, cand_v, nd, T, bps, *args, cand_v.stride(0), cand_v.stride(1),
                 **common)
+            mchunk = select_chunk or min(next_pow2(splits * topk), 1024)
             block_topk_select_kernel[(npf, H)](
                 cand_v, cand_i, token_pos, out,
                 nd, splits * topk,
                 cand_v.stride(0), cand_v.stride(1),
                 out.stride(0), out.stride(1),
-                TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=min(next_pow2(splits * topk), 1024),
+                TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=mchunk,
                 SPARSE_BLOCK=sparse_block, HAS_IDS=True, VALID_FROM_POS=False,
-                num_warps=4,
+                SINGLE_CHUNK=splits * topk <= mchunk,
+                num_warps=_select_warps(mchunk),
             )
     return out
 

@@ -27,6 +27,9 @@ Layouts (element strides):
                    the split's softmax mass, -inf if empty), merged by
                    ``sparse_attn_merge``.
 Rows with no visible key produce zeros.
+With an fp8 cache and bf16 queries (FP16_MMA) the tl.dot operands are fp16:
+fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
+[0, 1] keeps more mantissa in fp16 than in bf16.
 """
 
 from ._paged import paged_row_offsets
@@ -49,7 +52,7 @@ def sparse_attn_fwd_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr,
     TOPK: tl.constexpr, SLOTS: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    SCALE_MODE: tl.constexpr, IEEE: tl.constexpr,
+    SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
@@ -68,6 +71,9 @@ def sparse_attn_fwd_kernel(
                 mask=mmask[:, None] & dmask[None, :], other=0.0)
     if IEEE:
         q = q.to(tl.float32)
+    if FP16_MMA:
+        # fp8 e4m3 -> fp16 is one exact hardware conversion (-> bf16 is not)
+        q = q.to(tl.float16)
     cdt = q.dtype  # dtype of the tl.dot operands
 
     qk_scale = sm_scale * 1.4426950408889634
@@ -93,6 +99,7 @@ def sparse_attn_fwd_kernel(
             row = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_cp, stride_cs)
             ld_mask = kvalid[:, None] & dmask[None, :]
             k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+            v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
             if IEEE:
                 s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
             else:
@@ -109,7 +116,6 @@ def sparse_attn_fwd_kernel(
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
             if SCALE_MODE == 2:
                 p = p * vsc[None, :]
             if IEEE:

@@ -1,0 +1,662 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Benchmark of the MiniMax-M3 MSA Triton kernels (GPU only; not a test).
+
+Shapes: one TP4 rank of MiniMax-M3 -- 16 query heads, 1 KV head, head_dim 128,
+1 index head of dim 128, top-16 of 128-token sparse blocks.
+
+1. Correctness first, at those real shapes in bf16 and fp8 KV (scalar and
+   per-token-head scales), decode and chunked prefill, against a plain torch
+   reference (float32/64).  Pass/fail is recorded in the results.
+2. Decode: batch 1 and 32 x context 8k/32k/128k x KV bf16/fp8 (scalar scales):
+   index+top-k, attention, total -- each a CUDA graph, replayed; median of
+   many replays, L2 flushed before each (a warm-L2 median is kept in the JSON);
+   the HBM floor (index-key bytes + selected K/V bytes over the device-to-device
+   copy bandwidth measured in this run) and dense SDPA over the whole context.
+   Plus the optional fp8 index-key cache: its index+top-k time and the overlap
+   of its selection with the bf16 one.
+3. Prefill: one request, a chunk of 8192 new tokens at the end of an 8k / 32k /
+   128k context, bf16 / fp8 KV: index+top-k, attention, total, and dense causal
+   SDPA (lower-right causal mask) on the same chunk.
+
+Inputs are fresh random tensors every run.  Writes ``bench_msa.md`` and
+``bench_msa.json`` under ``$OUT`` (default ``./out``).
+
+Usage: python ci/bench_msa.py [--quick] [--reps N] [--check-only] [--sweep | --sweep-only]
+(--sweep times the launch-shape knobs: decode blocks per program and splits,
+prefill tile shapes; it wrote the numbers the wrappers' defaults cite.)
+Exit status 1 when the correctness check failed.
+The kernels are imported from the installed (patched) vLLM; when that fails
+they are loaded straight from this repository's ``vllm_overlay`` tree.
+"""
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+HQ, HKV, D, HIDX, DIDX, B, TOPK = 16, 1, 128, 1, 128, 128, 16
+PAGE = 64
+FP8 = torch.float8_e4m3fn
+
+
+# ----------------------------------------------------------------------------
+# kernels
+# ----------------------------------------------------------------------------
+def load_kernels():
+    try:
+        from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention,
+                                                              index_block_topk)
+        return index_block_topk, block_sparse_attention, "installed vllm"
+    except Exception as e:  # noqa: BLE001
+        err = repr(e)
+    pkg = REPO / "vllm_overlay/vllm/models/minimax_m3/common/triton_ops"
+    spec = importlib.util.spec_from_file_location(
+        "msa_triton_ops", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["msa_triton_ops"] = mod
+    spec.loader.exec_module(mod)
+    return mod.index_block_topk, mod.block_sparse_attention, f"{pkg} (vllm import failed: {err})"
+
+
+# ----------------------------------------------------------------------------
+# inputs
+# ----------------------------------------------------------------------------
+class Batch:
+    """Requests laid out in a paged cache (random page order)."""
+
+    def __init__(self, ctxs, new_tokens, kv_mode, dev, idx_fp8=False):
+        self.ctxs = ctxs  # total tokens per request (incl. new)
+        R = len(ctxs)
+        pages = [-(-c // PAGE) for c in ctxs]
+        self.max_pages = max(pages)
+        num_pages = sum(pages)
+        perm = torch.randperm(num_pages, device=dev).to(torch.int32)
+        bt = torch.zeros(R, self.max_pages, dtype=torch.int32, device=dev)
+        k = 0
+        for r, p in enumerate(pages):
+            bt[r, :p] = perm[k:k + p]
+            k += p
+        self.block_table = bt
+        req, pos = [], []
+        for r, c in enumerate(ctxs):
+            req += [r] * new_tokens
+            pos += list(range(c - new_tokens, c))
+        self.token_req = torch.tensor(req, dtype=torch.int32, device=dev)
+        self.token_pos = torch.tensor(pos, dtype=torch.int32, device=dev)
+        T = len(pos)
+        self.T = T
+        self.idx_q = torch.randn(T, HIDX, DIDX, device=dev, dtype=torch.bfloat16)
+        self.idx_k = torch.randn(num_pages, PAGE, DIDX, device=dev, dtype=torch.bfloat16)
+        self.idx_k8 = self.idx_s = None
+        if idx_fp8:
+            s = self.idx_k.float().abs().amax(-1) / 448.0
+            self.idx_k8 = (self.idx_k.float() / s[..., None]).to(FP8)
+            self.idx_s = s.contiguous()
+        self.q = torch.randn(T, HQ, D, device=dev, dtype=torch.bfloat16)
+        kv = torch.randn(num_pages, 2, PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
+        self.kv_mode = kv_mode
+        self.k_scale = self.v_scale = self.kv_scales = None
+        if kv_mode == 0:
+            self.kv = kv
+        elif kv_mode == 1:
+            amax = kv.float().abs().amax(dim=(0, 2, 3, 4))
+            self.k_scale = (amax[0] / 448.0).reshape(1).contiguous()
+            self.v_scale = (amax[1] / 448.0).reshape(1).contiguous()
+            sc = torch.stack([self.k_scale, self.v_scale]).view(1, 2, 1, 1, 1)
+            self.kv = (kv.float() / sc).to(FP8)
+        else:
+            self.kv_scales = (kv.float().abs().amax(-1) / 448.0).clamp_min(1e-8).contiguous()
+            self.kv = (kv.float() / self.kv_scales[..., None]).to(FP8)
+        del kv
+
+    def dequant_kv(self):
+        """Float32 [num_pages, 2, PAGE, HKV, D] of what the kernel should see."""
+        if self.kv_mode == 0:
+            return self.kv.float()
+        if self.kv_mode == 1:
+            sc = torch.stack([self.k_scale, self.v_scale]).view(1, 2, 1, 1, 1)
+            return self.kv.float() * sc
+        return self.kv.float() * self.kv_scales[..., None]
+
+    def contiguous_rows(self, cache, r):
+        """[ctx, ...] rows of request r from a paged [num_pages, PAGE, ...] cache."""
+        n = self.ctxs[r]
+        return cache[self.block_table[r, : -(-n // PAGE)].long()].flatten(0, 1)[:n]
+
+
+# ----------------------------------------------------------------------------
+# torch reference (correctness check)
+# ----------------------------------------------------------------------------
+def ref_block_scores(bt: Batch, idx_k=None, idx_s=None):
+    """[T, HIDX, nblocks_max] float32 block scores (+inf forced, -inf invisible)."""
+    idx_k = bt.idx_k if idx_k is None else idx_k
+    nbm = -(-max(bt.ctxs) // B)
+    out = torch.full((bt.T, HIDX, nbm), float("-inf"), device=bt.q.device)
+    for r in range(len(bt.ctxs)):
+        tok = (bt.token_req == r).nonzero().flatten()
+        if tok.numel() == 0:
+            continue
+        keys = bt.contiguous_rows(idx_k, r).float()
+        if idx_s is not None:
+            keys = keys * bt.contiguous_rows(idx_s, r).float()[:, None]
+        n = keys.shape[0]
+        pos = bt.token_pos[tok].long()
+        for c0 in range(0, tok.numel(), 1024):
+            tk, ps = tok[c0:c0 + 1024], pos[c0:c0 + 1024]
+            s = torch.einsum("thd,nd->thn", bt.idx_q[tk].double(), keys.double()).float()
+            s = s.masked_fill(torch.arange(n, device=s.device)[None, None, :] > ps[:, None, None],
+                              float("-inf"))
+            nb = -(-n // B)
+            s = torch.nn.functional.pad(s, (0, nb * B - n), value=float("-inf"))
+            bs = s.view(len(tk), HIDX, nb, B).amax(-1)
+            own = ps // B
+            bs[torch.arange(len(tk)), :, own] = float("inf")
+            out[tk, :, :nb] = bs
+    return out
+
+
+def check_selection(sel, scores):
+    """Fraction of (token, head) rows whose selection is a valid top-k (set equal
+    to the reference up to score ties) plus the first failure message."""
+    T, H, _ = sel.shape
+    sel = sel.long()
+    nvis = torch.isfinite(scores).sum(-1) + (scores == float("inf")).sum(-1)
+    nvalid = nvis.clamp(max=TOPK)
+    ar = torch.arange(TOPK, device=sel.device)
+    ok_pack = ((sel >= 0) == (ar[None, None, :] < nvalid[..., None])).all(-1)
+    safe = sel.clamp(min=0)
+    chosen = torch.gather(scores, 2, safe).masked_fill(sel < 0, float("inf"))
+    dup = torch.zeros_like(scores, dtype=torch.int32).scatter_add_(
+        2, safe, (sel >= 0).to(torch.int32))
+    ok_dup = (dup <= 1).all(-1)
+    rest = scores.clone()
+    rest.scatter_(2, safe, float("-inf"))
+    kth = rest.amax(-1)
+    fin = torch.where(torch.isfinite(scores), scores.abs(), torch.zeros_like(scores)).amax(-1)
+    ok_thr = chosen.amin(-1) >= kth - 1e-3 * (1 + fin)
+    ok = ok_pack & ok_dup & ok_thr
+    msg = ""
+    if not bool(ok.all()):
+        t, h = (~ok).nonzero()[0].tolist()
+        msg = (f"token {t} head {h}: got {sel[t, h].tolist()} pack={bool(ok_pack[t, h])} "
+               f"dup={bool(ok_dup[t, h])} thr={bool(ok_thr[t, h])}")
+    return float(ok.float().mean()), msg
+
+
+def ref_attention(bt: Batch, sel):
+    """[T, HQ, D] float32 reference over the dequantised cache."""
+    deq = bt.dequant_kv()
+    out = torch.zeros(bt.T, HQ, D, device=bt.q.device)
+    G = HQ // HKV
+    for r in range(len(bt.ctxs)):
+        tok = (bt.token_req == r).nonzero().flatten()
+        if tok.numel() == 0:
+            continue
+        K = bt.contiguous_rows(deq[:, 0], r)  # [n, HKV, D]
+        V = bt.contiguous_rows(deq[:, 1], r)
+        n = K.shape[0]
+        for c0 in range(0, tok.numel(), 256):
+            tk = tok[c0:c0 + 256]
+            pos = bt.token_pos[tk].long()
+            for g in range(HKV):
+                s_blk = sel[tk, g].long()  # [t, TOPK]
+                kpos = s_blk[:, :, None] * B + torch.arange(B, device=s_blk.device)  # [t,K,B]
+                valid = (s_blk[:, :, None] >= 0) & (kpos <= pos[:, None, None]) & (kpos < n)
+                kpos = kpos.clamp(0, n - 1).flatten(1)
+                valid = valid.flatten(1)
+                k = K[kpos, g]  # [t, K*B, D]
+                v = V[kpos, g]
+                q = bt.q[tk, g * G:(g + 1) * G].float()  # [t, G, D]
+                s = torch.einsum("tgd,tnd->tgn", q, k) * D ** -0.5
+                s = s.masked_fill(~valid[:, None, :], float("-inf"))
+                out[tk, g * G:(g + 1) * G] = torch.einsum("tgn,tnd->tgd", torch.softmax(s, -1), v)
+    return out
+
+
+def correctness(index_block_topk, block_sparse_attention, dev):
+    results = []
+    cases = [
+        ("decode", [100, 127, 128, 5000, 40000, 131072], 1),
+        ("prefill", [20000], 1024),
+        ("prefill_short", [700], 700),
+    ]
+    for name, ctxs, new in cases:
+        for kv_mode in (0, 1, 2):
+            tag = f"{name} kv={['bf16', 'fp8-scalar', 'fp8-per-token-head'][kv_mode]}"
+            try:
+                bt = Batch(ctxs, new, kv_mode, dev, idx_fp8=(kv_mode == 0))
+                nd = bt.T if new == 1 else 0
+                sel = torch.full((bt.T, HIDX, TOPK), 999, dtype=torch.int32, device=dev)
+                index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos,
+                                 B, TOPK, out=sel, num_decode_tokens=nd)
+                scores = ref_block_scores(bt)
+                frac, msg = check_selection(sel, scores)
+                entry = dict(case=tag, topk_valid_fraction=frac, topk_msg=msg)
+                if kv_mode == 0:
+                    sel8 = index_block_topk(bt.idx_q, bt.idx_k8, bt.block_table, bt.token_req,
+                                            bt.token_pos, B, TOPK, idx_k_scales=bt.idx_s,
+                                            num_decode_tokens=nd)
+                    f8, m8 = check_selection(sel8, ref_block_scores(bt, bt.idx_k8, bt.idx_s))
+                    entry.update(fp8_index_valid_fraction=f8, fp8_index_msg=m8,
+                                 fp8_index_overlap_with_bf16=overlap(sel8, sel))
+                outs = {}
+                for splits in (None, 1, 4):
+                    o = torch.full_like(bt.q, float("nan"))
+                    block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                           bt.token_pos, sel, B, D ** -0.5, kv_mode, bt.k_scale,
+                                           bt.v_scale, bt.kv_scales, out=o, num_splits=splits)
+                    outs[splits] = o
+                ref = ref_attention(bt, sel)
+                err = max(float((o.float() - ref).abs().max()) for o in outs.values())
+                nan = any(bool(o.isnan().any()) for o in outs.values())
+                entry.update(attn_max_abs_err=err, attn_ref_max=float(ref.abs().max()))
+                entry["passed"] = bool(frac == 1.0 and not nan and err < 2e-2 + 1e-2 * entry["attn_ref_max"]
+                                       and entry.get("fp8_index_valid_fraction", 1.0) == 1.0)
+            except Exception:  # noqa: BLE001
+                entry = dict(case=tag, passed=False, error=traceback.format_exc())
+            print(f"[check] {tag}: {'PASS' if entry['passed'] else 'FAIL'} "
+                  f"{ {k: v for k, v in entry.items() if k not in ('case', 'error')} }", flush=True)
+            if "error" in entry:
+                print(entry["error"], flush=True)
+            results.append(entry)
+            torch.cuda.empty_cache()
+    return results
+
+
+def overlap(a, b):
+    """Mean |A & B| / |B| over rows of two selections."""
+    a, b = a.long(), b.long()
+    m = (a[..., :, None] == b[..., None, :]) & (b[..., None, :] >= 0)
+    inter = m.any(-2).sum(-1).float()
+    return float((inter / (b >= 0).sum(-1).clamp(min=1)).mean())
+
+
+# ----------------------------------------------------------------------------
+# timing
+# ----------------------------------------------------------------------------
+class Timer:
+    def __init__(self, dev, reps):
+        self.reps = reps
+        self.flush_buf = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=dev)
+
+    def graph(self, fn):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        torch.cuda.synchronize()
+        return g
+
+    def time_graph(self, g, flush=True):
+        """Median microseconds of single replays."""
+        ts = []
+        for _ in range(5):
+            g.replay()
+        for _ in range(self.reps):
+            if flush:
+                self.flush_buf.zero_()
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record()
+            g.replay()
+            e1.record()
+            ts.append((e0, e1))
+        torch.cuda.synchronize()
+        return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ts)
+
+    def time_fn(self, fn, flush=True):
+        try:
+            return self.time_graph(self.graph(fn), flush)
+        except Exception:  # noqa: BLE001 - e.g. not capturable: time eagerly
+            print("[warn] graph capture failed, timing eagerly:\n" + traceback.format_exc())
+            ts = []
+            for _ in range(3):
+                fn()
+            for _ in range(self.reps):
+                if flush:
+                    self.flush_buf.zero_()
+                e0 = torch.cuda.Event(enable_timing=True)
+                e1 = torch.cuda.Event(enable_timing=True)
+                e0.record()
+                fn()
+                e1.record()
+                ts.append((e0, e1))
+            torch.cuda.synchronize()
+            return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ts)
+
+
+def copy_bandwidth(dev):
+    n = 2 * 1024 ** 3
+    src = torch.empty(n, dtype=torch.int8, device=dev)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(20):
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        dst.copy_(src)
+        e1.record()
+        ts.append((e0, e1))
+    torch.cuda.synchronize()
+    t = statistics.median(a.elapsed_time(b) for a, b in ts) * 1e-3
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / t  # bytes read + written per second
+
+
+def sdpa_dense_decode(bt: Batch):
+    """Dense decode attention over the whole context (contiguous bf16 K/V)."""
+    R = len(bt.ctxs)
+    n = bt.ctxs[0]
+    k = torch.randn(R, HKV, n, D, device=bt.q.device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = bt.q.view(R, 1, HQ, D).transpose(1, 2).contiguous()
+    F = torch.nn.functional.scaled_dot_product_attention
+    return lambda: F(q, k, v, enable_gqa=True)
+
+
+def sdpa_dense_prefill(chunk, ctx, dev):
+    from torch.nn.attention.bias import causal_lower_right
+    q = torch.randn(1, HQ, chunk, D, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(1, HKV, ctx, D, device=dev, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    F = torch.nn.functional.scaled_dot_product_attention
+    k16 = k.expand(1, HQ, ctx, D).contiguous()
+    v16 = v.expand(1, HQ, ctx, D).contiguous()
+    mask = causal_lower_right(chunk, ctx)
+    return lambda: F(q, k16, v16, attn_mask=mask)
+
+
+# ----------------------------------------------------------------------------
+def bench(args):
+    dev = torch.device("cuda")
+    index_block_topk, block_sparse_attention, src = load_kernels()
+    print(f"[info] kernels from {src}", flush=True)
+    info = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+        triton=__import__("triton").__version__, python=platform.python_version(),
+        kernels_from=src, reps=args.reps,
+        commit=_git_commit(), shapes=dict(q_heads=HQ, kv_heads=HKV, head_dim=D,
+                                          index_heads=HIDX, index_dim=DIDX, block=B, topk=TOPK,
+                                          page_size=PAGE),
+        timing="CUDA-graph replay, median of single replays, L2 flushed (256 MiB write) "
+               "before each timed replay; *_warm_us without the flush")
+    torch.manual_seed(int(time.time_ns() % (1 << 31)))
+    res = dict(info=info)
+    res["correctness"] = correctness(index_block_topk, block_sparse_attention, dev)
+    res["correctness_passed"] = all(e["passed"] for e in res["correctness"])
+    bw = copy_bandwidth(dev)
+    res["copy_bandwidth_GBps"] = bw / 1e9
+    print(f"[info] copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    timer = Timer(dev, args.reps)
+
+    ctxs = [8192, 32768, 131072] if not args.quick else [8192]
+    batches = [1, 32] if not args.quick else [1]
+    dec = []
+    for batch in batches:
+        for ctx in ctxs:
+            for kv_name, kv_mode in (("bf16", 0), ("fp8", 1)):
+                row = dict(batch=batch, context=ctx, kv=kv_name)
+                try:
+                    bt = Batch([ctx] * batch, 1, kv_mode, dev, idx_fp8=(kv_mode == 0))
+                    sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+                    o = torch.empty_like(bt.q)
+
+                    def idx():
+                        index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                         bt.token_pos, B, TOPK, out=sel,
+                                         num_decode_tokens=bt.T)
+
+                    def attn():
+                        block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                               bt.token_pos, sel, B, D ** -0.5, kv_mode,
+                                               bt.k_scale, bt.v_scale, bt.kv_scales, out=o)
+
+                    def total():
+                        idx()
+                        attn()
+
+                    idx()
+                    torch.cuda.synchronize()
+                    g_idx, g_attn, g_tot = timer.graph(idx), timer.graph(attn), timer.graph(total)
+                    row["index_topk_us"] = timer.time_graph(g_idx)
+                    row["attention_us"] = timer.time_graph(g_attn)
+                    row["total_us"] = timer.time_graph(g_tot)
+                    row["total_warm_us"] = timer.time_graph(g_tot, flush=False)
+                    kv_bytes = 2 * B * D * (2 if kv_mode == 0 else 1) * HKV * min(TOPK, ctx // B)
+                    byt = batch * (ctx * DIDX * 2 + kv_bytes)
+                    row["floor_us"] = byt / bw * 1e6
+                    if kv_mode == 0:
+                        sel8 = torch.empty_like(sel)
+
+                        def idx8():
+                            index_block_topk(bt.idx_q, bt.idx_k8, bt.block_table, bt.token_req,
+                                             bt.token_pos, B, TOPK, idx_k_scales=bt.idx_s,
+                                             out=sel8, num_decode_tokens=bt.T)
+                        row["index_topk_fp8idx_us"] = timer.time_fn(idx8)
+                        row["floor_fp8idx_us"] = batch * (ctx * (DIDX + 4) + kv_bytes) / bw * 1e6
+                        idx()
+                        idx8()
+                        row["fp8idx_topk_overlap"] = overlap(sel8, sel)
+                        row["dense_us"] = timer.time_fn(sdpa_dense_decode(bt))
+                    del bt
+                except Exception:  # noqa: BLE001
+                    row["error"] = traceback.format_exc()
+                    print(row["error"], flush=True)
+                torch.cuda.empty_cache()
+                print(f"[decode] {row}", flush=True)
+                dec.append(row)
+    res["decode"] = dec
+
+    pre = []
+    chunk = 8192
+    for ctx in ctxs:
+        for kv_name, kv_mode in (("bf16", 0), ("fp8", 1)):
+            row = dict(chunk=chunk, context=ctx, kv=kv_name)
+            try:
+                bt = Batch([ctx], chunk, kv_mode, dev)
+                sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+                o = torch.empty_like(bt.q)
+
+                def idx():
+                    index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                     bt.token_pos, B, TOPK, out=sel, num_decode_tokens=0)
+
+                def attn():
+                    block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                           bt.token_pos, sel, B, D ** -0.5, kv_mode,
+                                           bt.k_scale, bt.v_scale, bt.kv_scales, out=o)
+
+                def total():
+                    idx()
+                    attn()
+
+                idx()
+                row["index_topk_ms"] = timer.time_fn(idx) / 1e3
+                row["attention_ms"] = timer.time_fn(attn) / 1e3
+                row["total_ms"] = timer.time_fn(total) / 1e3
+                flops = 4 * HQ * D * (sel >= 0).sum().item() * B  # upper bound (full blocks)
+                row["attention_TFLOPs"] = flops / (row["attention_ms"] * 1e-3) / 1e12
+                if kv_mode == 0:
+                    row["dense_ms"] = timer.time_fn(sdpa_dense_prefill(chunk, ctx, dev)) / 1e3
+                del bt
+            except Exception:  # noqa: BLE001
+                row["error"] = traceback.format_exc()
+                print(row["error"], flush=True)
+            torch.cuda.empty_cache()
+            print(f"[prefill] {row}", flush=True)
+            pre.append(row)
+    res["prefill"] = pre
+    if args.sweep:
+        res["sweep"] = sweep(timer, dev)
+    return res
+
+
+def sweep(timer, dev):
+    """Tuning sweep of the launch-shape knobs (not part of the table)."""
+    index_block_topk, block_sparse_attention, _ = load_kernels()
+    out = []
+    for batch, ctx in ((1, 8192), (32, 32768), (32, 131072)):
+        bt = Batch([ctx] * batch, 1, 0, dev)
+        sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+        o = torch.empty_like(bt.q)
+        for bpp in (1, 2, 4, 8, 16, 32):
+            t = timer.time_fn(lambda: index_block_topk(
+                bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                out=sel, num_decode_tokens=bt.T, blocks_per_prog=bpp))
+            out.append(dict(kind="decode_index", batch=batch, context=ctx, blocks_per_prog=bpp, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
+        for ns in (1, 2, 4, 8, 16):
+            t = timer.time_fn(lambda: block_sparse_attention(
+                bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
+                out=o, num_splits=ns))
+            out.append(dict(kind="decode_attn", batch=batch, context=ctx, num_splits=ns, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    for kv_mode in (0, 1):
+        bt = Batch([32768], 8192, kv_mode, dev)
+        sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+        o = torch.empty_like(bt.q)
+        index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
+                         TOPK, out=sel, num_decode_tokens=0)
+        if kv_mode == 0:
+            for tune in (dict(BLOCK_M=64, num_warps=4), dict(BLOCK_M=64, num_warps=8),
+                         dict(BLOCK_M=128, num_warps=4), dict(BLOCK_M=128, num_warps=8),
+                         dict(BLOCK_M=128, num_warps=8, num_stages=2),
+                         dict(BLOCK_M=64, num_warps=4, num_stages=2)):
+                try:
+                    t = timer.time_fn(lambda: index_block_topk(
+                        bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                        num_decode_tokens=0, _tune=tune))
+                except Exception as e:  # noqa: BLE001
+                    t = repr(e)[:200]
+                out.append(dict(kind="prefill_index", context=32768, tune=tune, us=t))
+                print(f"[sweep] {out[-1]}", flush=True)
+        for tune in (dict(BLOCK_N=64, num_warps=4), dict(BLOCK_N=128, num_warps=4),
+                     dict(BLOCK_N=128, num_warps=8), dict(BLOCK_N=32, num_warps=4),
+                     dict(BLOCK_N=64, num_warps=4, num_stages=3),
+                     dict(BLOCK_N=128, num_warps=8, num_stages=3)):
+            try:
+                t = timer.time_fn(lambda: block_sparse_attention(
+                    bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
+                    kv_mode, bt.k_scale, bt.v_scale, None, out=o, _tune=tune))
+            except Exception as e:  # noqa: BLE001
+                t = repr(e)[:200]
+            out.append(dict(kind="prefill_attn", kv_mode=kv_mode, context=32768, tune=tune, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def _git_commit():
+    try:
+        return subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                                       stderr=subprocess.DEVNULL, text=True).strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _f(x, nd=1):
+    return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def to_markdown(res):
+    i = res["info"]
+    L = [f"# MiniMax-M3 MSA Triton kernels: benchmark",
+         "",
+         f"date {i['date']}, GPU {i['gpu']}, commit {i['commit']}, torch {i['torch']}, "
+         f"triton {i['triton']}; shapes: {i['shapes']}.",
+         f"Timing: {i['timing']}. Copy bandwidth (this run): "
+         f"{res.get('copy_bandwidth_GBps', 0):.0f} GB/s.",
+         "",
+         f"Correctness at real shapes: **{'PASS' if res.get('correctness_passed') else 'FAIL'}**",
+         ""]
+    for e in res.get("correctness", []):
+        L.append(f"- {e['case']}: {'pass' if e['passed'] else 'FAIL'}"
+                 + (f" (top-k valid {e.get('topk_valid_fraction')}, attn max err "
+                    f"{_f(e.get('attn_max_abs_err'), 4)}"
+                    + (f", fp8-index valid {e.get('fp8_index_valid_fraction')}, overlap with bf16 "
+                       f"{_f(e.get('fp8_index_overlap_with_bf16'), 3)}"
+                       if 'fp8_index_valid_fraction' in e else "") + ")"
+                    if 'error' not in e else " (exception, see JSON)"))
+    L += ["", "## Decode (microseconds)", "",
+          "| batch | context | KV | index+top-k | attention | total | floor | total/floor | dense "
+          "| index+top-k fp8-idx | floor fp8-idx | fp8-idx overlap |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res.get("decode", []):
+        ratio = (r["total_us"] / r["floor_us"]) if "total_us" in r and "floor_us" in r else None
+        L.append(f"| {r['batch']} | {r['context'] // 1024}k | {r['kv']} | "
+                 f"{_f(r.get('index_topk_us'))} | {_f(r.get('attention_us'))} | "
+                 f"{_f(r.get('total_us'))} | {_f(r.get('floor_us'))} | {_f(ratio, 2)} | "
+                 f"{_f(r.get('dense_us'))} | {_f(r.get('index_topk_fp8idx_us'))} | "
+                 f"{_f(r.get('floor_fp8idx_us'))} | {_f(r.get('fp8idx_topk_overlap'), 3)} |"
+                 + (" ERROR |" if "error" in r else ""))
+    L += ["", "## Prefill, chunk of 8192 at the end of the context (milliseconds)", "",
+          "| context | KV | index+top-k | attention | total | dense | attention TFLOP/s |",
+          "|---|---|---|---|---|---|---|"]
+    for r in res.get("prefill", []):
+        L.append(f"| {r['context'] // 1024}k | {r['kv']} | {_f(r.get('index_topk_ms'), 3)} | "
+                 f"{_f(r.get('attention_ms'), 3)} | {_f(r.get('total_ms'), 3)} | "
+                 f"{_f(r.get('dense_ms'), 3)} | {_f(r.get('attention_TFLOPs'), 0)} |"
+                 + (" ERROR |" if "error" in r else ""))
+    return "\n".join(L) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=100, help="timed replays per measurement")
+    ap.add_argument("--quick", action="store_true", help="8k context, batch 1 only")
+    ap.add_argument("--check-only", action="store_true", help="only the correctness check")
+    ap.add_argument("--sweep", action="store_true", help="also sweep the launch-shape knobs")
+    ap.add_argument("--sweep-only", action="store_true", help="only the launch-shape sweep")
+    args = ap.parse_args()
+    out = Path(os.environ.get("OUT", "./out"))
+    out.mkdir(parents=True, exist_ok=True)
+    if not torch.cuda.is_available():
+        print("bench_msa.py needs a GPU (CUDA or ROCm); nothing to do.", file=sys.stderr)
+        return 2
+    if args.sweep_only:
+        res = dict(sweep=sweep(Timer(torch.device("cuda"), args.reps), torch.device("cuda")),
+                   correctness_passed=True)
+        (out / "bench_msa_sweep.json").write_text(json.dumps(res, indent=1))
+        return 0
+    if args.check_only:
+        idx, attn, src = load_kernels()
+        res = dict(info=dict(kernels_from=src), correctness=correctness(idx, attn,
+                                                                        torch.device("cuda")))
+        res["correctness_passed"] = all(e["passed"] for e in res["correctness"])
+    else:
+        res = bench(args)
+    (out / "bench_msa.json").write_text(json.dumps(res, indent=1))
+    if not args.check_only:
+        md = to_markdown(res)
+        (out / "bench_msa.md").write_text(md)
+        print(md)
+    print(f"[info] results in {out}/bench_msa.json", flush=True)
+    return 0 if res["correctness_passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

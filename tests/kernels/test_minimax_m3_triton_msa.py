@@ -1,0 +1,500 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MiniMax-M3 MSA Triton kernels against a dense masked PyTorch oracle.
+
+The oracle below is written straight from the MSA semantics (block score =
+max over visible keys of the fp32 index dot product, forced local/init
+blocks, top-k, -1 padding; attention over the keys of the selected blocks that
+are causally visible) with dense masked tensors: no code is shared with the
+kernels or with the model's reference backend.
+
+Without a GPU the kernels run in the Triton interpreter (``conftest.py`` sets
+``TRITON_INTERPRET=1``) at small shapes with fp32 / fp16 inputs (the
+interpreter's bf16 ``tl.dot`` is broken).  With a GPU the same tests run
+compiled, in bf16 at the model's real shapes (one TP4 rank and TP1 heads).
+Every test draws fresh random inputs (seed printed on failure) and poisons the
+outputs (NaN / sentinel) and the unused cache slots (NaN) before launching.
+"""
+
+import os
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # conftest does this too; keep the file standalone
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from vllm.models.minimax_m3.common.triton_ops import (  # noqa: E402
+    block_sparse_attention, index_block_topk)
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+FP8 = torch.float8_e4m3fn
+
+
+def _seed() -> int:
+    s = random.SystemRandom().randrange(1 << 31)
+    torch.manual_seed(s)
+    return s
+
+
+# --------------------------------------------------------------------------
+# shapes
+# --------------------------------------------------------------------------
+if ON_GPU:
+    DTYPES = [torch.bfloat16]
+    # (Hq, Hkv, head_dim, index_dim, sparse_block, page_size, topk)
+    SHAPES = [(16, 1, 128, 128, 128, 64, 16), (64, 4, 128, 128, 128, 16, 16)]
+else:
+    DTYPES = [torch.float32, torch.float16]
+    SHAPES = [(4, 1, 32, 16, 16, 8, 4), (6, 2, 16, 32, 32, 16, 3)]
+
+
+# --------------------------------------------------------------------------
+# batch / cache construction
+# --------------------------------------------------------------------------
+class Batch:
+    """Requests given as (context tokens already cached, new tokens)."""
+
+    def __init__(self, reqs, page_size, order=None, extra_pages=3):
+        self.reqs = reqs
+        self.page_size = page_size
+        R = len(reqs)
+        self.seq_lens = [c + n for c, n in reqs]
+        max_pages = max(-(-s // page_size) for s in self.seq_lens) + 1
+        num_pages = sum(-(-s // page_size) for s in self.seq_lens) + extra_pages
+        perm = torch.randperm(num_pages).tolist()
+        bt = torch.full((R, max_pages), -7, dtype=torch.int32)  # poisoned unused entries
+        used = set()
+        k = 0
+        for r, s in enumerate(self.seq_lens):
+            for p in range(-(-s // page_size)):
+                bt[r, p] = perm[k]
+                used.add(perm[k])
+                k += 1
+        # unused table entries must not be dereferenced; give them valid ids of
+        # NaN-poisoned pages so that a stray read shows up as NaN, not a crash
+        spare = [p for p in range(num_pages) if p not in used]
+        bt[bt < 0] = spare[0]
+        self.num_pages = num_pages
+        self.block_table = bt.to(DEVICE)
+        order = list(range(R)) if order is None else order
+        req_ids, pos = [], []
+        for r in order:
+            c, n = reqs[r]
+            req_ids += [r] * n
+            pos += list(range(c, c + n))
+        self.token_req = torch.tensor(req_ids, dtype=torch.int32, device=DEVICE)
+        self.token_pos = torch.tensor(pos, dtype=torch.int32, device=DEVICE)
+        self.T = len(pos)
+
+    def valid_slot_mask(self):
+        """[num_pages, page_size] bool: slots holding a key of some request."""
+        m = torch.zeros(self.num_pages, self.page_size, dtype=torch.bool)
+        bt = self.block_table.cpu()
+        for r, s in enumerate(self.seq_lens):
+            for j in range(s):
+                m[bt[r, j // self.page_size], j % self.page_size] = True
+        return m.to(DEVICE)
+
+    def gather(self, cache, r, n):
+        """Rows 0..n-1 of request r from a paged cache [num_pages, page_size, ...]."""
+        pages = self.block_table[r, : -(-n // self.page_size)].long()
+        return cache[pages].flatten(0, 1)[:n]
+
+
+def make_idx_cache(batch, D, dtype, fp8=False):
+    k = torch.randn(batch.num_pages, batch.page_size, D, device=DEVICE)
+    valid = batch.valid_slot_mask()
+    if fp8:
+        scales = torch.rand(batch.num_pages, batch.page_size, device=DEVICE) * 0.02 + 0.005
+        q8 = (k / scales[..., None]).clamp(-448, 448).to(FP8)
+        q8.view(torch.uint8)[~valid] = 0x7F  # e4m3fn NaN
+        return q8, scales
+    k = k.to(dtype)
+    k[~valid] = float("nan")
+    return k, None
+
+
+def _poison_fp8(q8, inv):
+    u = q8.view(torch.uint8)
+    u[:, 0][inv] = 0x7F  # e4m3fn NaN
+    u[:, 1][inv] = 0x7F
+
+
+def make_kv_cache(batch, Hkv, D, dtype, mode):
+    """Returns (kv_cache, k_scale, v_scale, kv_scales, dequantised float cache)."""
+    kv = torch.randn(batch.num_pages, 2, batch.page_size, Hkv, D, device=DEVICE)
+    valid = batch.valid_slot_mask()
+    inv = ~valid
+    if mode == 0:
+        kv = kv.to(dtype)
+        deq = kv.double()
+        kv[:, 0][inv] = float("nan")
+        kv[:, 1][inv] = float("nan")
+        return kv, None, None, None, deq
+    if mode == 1:
+        ks = torch.tensor([0.037], device=DEVICE)
+        vs = torch.tensor([0.021], device=DEVICE)
+        q8 = torch.empty_like(kv, dtype=FP8)
+        q8[:, 0] = (kv[:, 0] * 3 / ks).clamp(-448, 448).to(FP8)
+        q8[:, 1] = (kv[:, 1] * 3 / vs).clamp(-448, 448).to(FP8)
+        deq = q8.double()
+        deq[:, 0] *= ks.double()
+        deq[:, 1] *= vs.double()
+        _poison_fp8(q8, inv)
+        return q8, ks, vs, None, deq
+    scales = torch.rand(batch.num_pages, 2, batch.page_size, Hkv, device=DEVICE) * 0.05 + 0.002
+    q8 = (kv / scales[..., None]).clamp(-448, 448).to(FP8)
+    deq = q8.double() * scales[..., None].double()
+    _poison_fp8(q8, inv)
+    return q8, None, None, scales, deq
+
+
+# --------------------------------------------------------------------------
+# oracle (dense, masked, float64)
+# --------------------------------------------------------------------------
+def ref_block_scores(batch, idx_q, idx_k, B, local, init, idx_scales=None):
+    """List over tokens of [H, num_visible_blocks] float64 block scores
+    (+inf for forced blocks)."""
+    out = []
+    for t in range(batch.T):
+        r = int(batch.token_req[t])
+        p = int(batch.token_pos[t])
+        n = p + 1
+        nb = p // B + 1
+        keys = batch.gather(idx_k, r, n).double()
+        if idx_scales is not None:
+            keys = keys * batch.gather(idx_scales, r, n).double()[:, None]
+        s = idx_q[t].double() @ keys.T  # [H, n]
+        full = torch.full((s.shape[0], nb * B), float("-inf"), dtype=torch.float64, device=DEVICE)
+        full[:, :n] = s
+        bs = full.view(s.shape[0], nb, B).amax(-1)
+        own = nb - 1
+        forced = {max(own - i, 0) for i in range(local)} | {b for b in range(init) if b <= own}
+        for b in forced:
+            bs[:, b] = float("inf")
+        out.append(bs)
+    return out
+
+
+def check_topk(got, block_scores, topk, tag=""):
+    """Selected sets equal to the oracle's per (token, head); where they differ
+    only blocks whose scores tie (within float tolerance) may be swapped."""
+    got = got.cpu()
+    for t, bs in enumerate(block_scores):
+        bs = bs.cpu()
+        nb = bs.shape[1]
+        for h in range(bs.shape[0]):
+            row = got[t, h].tolist()
+            nvalid = min(topk, nb)
+            where = f"{tag} token {t} head {h}: got {row}"
+            assert all(b >= 0 for b in row[:nvalid]), f"not left-packed / missing blocks, {where}"
+            assert all(b == -1 for b in row[nvalid:]), f"expected -1 padding after {nvalid}, {where}"
+            sel = row[:nvalid]
+            assert len(set(sel)) == nvalid, f"repeated block, {where}"
+            assert all(0 <= b < nb for b in sel), f"invisible block selected, {where}"
+            v, i = bs[h].topk(nvalid)
+            want = set(i.tolist())
+            if set(sel) == want:
+                continue
+            sc = bs[h]
+            chosen = sc[sel]
+            rest = torch.ones(nb, dtype=torch.bool)
+            rest[sel] = False
+            kth = sc[rest].max() if rest.any() else torch.tensor(float("-inf"))
+            tol = 1e-3 * (1.0 + sc[torch.isfinite(sc)].abs().max())
+            assert chosen.min() >= kth - tol, (
+                f"selection differs from the oracle beyond ties, {where}, oracle {sorted(want)}, "
+                f"scores {sc.tolist()}")
+
+
+def ref_attention(batch, q, deq_kv, topk_blocks, B, scale):
+    """Dense masked attention in float64. deq_kv: [num_pages, 2, page, Hkv, D]."""
+    T, HQ, D = q.shape
+    Hkv = deq_kv.shape[3]
+    G = HQ // Hkv
+    out = torch.zeros(T, HQ, D, dtype=torch.float64, device=DEVICE)
+    for t in range(T):
+        r = int(batch.token_req[t])
+        p = int(batch.token_pos[t])
+        n = p + 1
+        k = batch.gather(deq_kv[:, 0], r, n)  # [n, Hkv, D]
+        v = batch.gather(deq_kv[:, 1], r, n)
+        kb = torch.arange(n, device=DEVICE) // B
+        for g in range(Hkv):
+            blocks = topk_blocks[t, g]
+            blocks = blocks[blocks >= 0].long()
+            allowed = (kb[:, None] == blocks[None, :]).any(-1)
+            if not allowed.any():
+                continue
+            qs = q[t, g * G:(g + 1) * G].double()
+            s = (qs @ k[:, g].T) * scale
+            s = s.masked_fill(~allowed[None, :], float("-inf"))
+            out[t, g * G:(g + 1) * G] = torch.softmax(s, -1) @ v[:, g]
+    return out
+
+
+def random_selection(batch, Hkv, topk, B, full_prob=0.7):
+    """Random left-packed, -1 padded, repeat-free block lists of visible blocks."""
+    sel = torch.full((batch.T, Hkv, topk), -1, dtype=torch.int32)
+    for t in range(batch.T):
+        nb = int(batch.token_pos[t]) // B + 1
+        for g in range(Hkv):
+            k = min(topk, nb)
+            if random.random() > full_prob:
+                k = random.randint(1, k)
+            perm = torch.randperm(nb)[:k]
+            sel[t, g, :k] = perm.to(torch.int32)
+    return sel.to(DEVICE)
+
+
+def tol(dtype):
+    return {torch.float32: (2e-4, 2e-4), torch.float16: (3e-3, 1e-2),
+            torch.bfloat16: (2e-2, 3e-2)}[dtype]
+
+
+# --------------------------------------------------------------------------
+# index_block_topk
+# --------------------------------------------------------------------------
+# each case: B -> requests (tokens already cached, new tokens); a request
+# with one new token is a decode.  Decodes are listed first (vLLM's order).
+INDEX_CASES = {
+    "short_decode": lambda B: [(B // 3, 1)],                    # < one block
+    "short_prefill": lambda B: [(0, B // 2 + 3)],               # inside block 0
+    "exact_blocks": lambda B: [(3 * B - 1, 1), (0, 2 * B)],     # ends on a boundary
+    "few_blocks_pad": lambda B: [(B + 4, 1), (3, B + 9)],       # < topk visible
+    "many_decode": lambda B: [(6 * B + 1, 1), (9 * B + 6, 1), (2 * B - 1, 1),
+                              (4 * B, 1), (0, 1)],
+    "mixed": lambda B: [(7 * B + 8, 1), (3 * B - 1, 1), (5 * B, 17), (0, B + 5)],
+}
+if ON_GPU:  # long contexts at the real shapes
+    INDEX_CASES["long"] = lambda B: [(32000, 1), (131071, 1), (8190, 1), (20000, 300)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", list(INDEX_CASES))
+def test_index_block_topk(case, shape, dtype):
+    seed = _seed()
+    _, Hkv, _, Didx, B, page, topk = shape
+    reqs = INDEX_CASES[case](B)
+    batch = Batch(reqs, page)
+    H = Hkv
+    idx_q = torch.randn(batch.T, H, Didx, device=DEVICE).to(dtype)
+    idx_k, _ = make_idx_cache(batch, Didx, dtype)
+    n_dec = sum(1 for c, n in reqs if n == 1)
+    scores = ref_block_scores(batch, idx_q, idx_k, B, local=1, init=0)
+    # decode path for the decode tokens + prefill path for the rest (the
+    # backend's split), all-prefill, the default, and all-decode where cheap
+    variants = [dict(num_decode_tokens=n_dec), dict(num_decode_tokens=0), dict()]
+    if ON_GPU or batch.T <= 12:
+        variants.append(dict(num_decode_tokens=batch.T))
+    if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
+        # tuning knobs: several blocks per decode program, prefill split over
+        # the context with a merge, top-k selection streaming several chunks
+        variants += [dict(num_decode_tokens=n_dec, blocks_per_prog=2, select_chunk=4),
+                     dict(num_decode_tokens=n_dec, context_splits=3),
+                     dict(num_decode_tokens=n_dec, context_splits=3, select_chunk=4)]
+    for kw in variants:
+        out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
+        got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
+                               batch.token_pos, B, topk, out=out, **kw)
+        assert got.data_ptr() == out.data_ptr()
+        check_topk(got, scores, topk, tag=f"[seed {seed} {kw}]")
+
+
+@pytest.mark.parametrize("local,init", [(2, 1), (3, 0), (0, 0), (1, 2)])
+def test_index_block_topk_local_init(local, init):
+    seed = _seed()
+    dtype = DTYPES[0]
+    _, _, _, Didx, B, page, topk = SHAPES[0]
+    H = 3 if not ON_GPU else 4  # non power of two index heads on CPU
+    reqs = [(6 * B - 7, 1), (5, 1), (3 * B - 4, 12)]
+    batch = Batch(reqs, page, order=[1, 0, 2])
+    idx_q = torch.randn(batch.T, H, Didx, device=DEVICE).to(dtype)
+    idx_k, _ = make_idx_cache(batch, Didx, dtype)
+    scores = ref_block_scores(batch, idx_q, idx_k, B, local=local, init=init)
+    for kw in (dict(num_decode_tokens=batch.T), dict(num_decode_tokens=0),
+               dict(num_decode_tokens=2, context_splits=2, select_chunk=2)):
+        out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
+        got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
+                               batch.token_pos, B, topk, local, init, out=out, **kw)
+        check_topk(got, scores, topk, tag=f"[seed {seed} local {local} init {init} {kw}]")
+
+
+def test_index_block_topk_fp8_index_cache():
+    """Optional fp8 index-key cache (one float32 scale per token)."""
+    seed = _seed()
+    dtype = DTYPES[0]
+    _, _, _, Didx, B, page, topk = SHAPES[0]
+    reqs = [(6 * B + 3, 1), (2 * B + 1, 1), (B + 3, 12)]
+    batch = Batch(reqs, page)
+    idx_q = torch.randn(batch.T, 1, Didx, device=DEVICE).to(dtype)
+    idx_k, idx_s = make_idx_cache(batch, Didx, dtype, fp8=True)
+    scores = ref_block_scores(batch, idx_q, idx_k, B, 1, 0, idx_scales=idx_s)
+    for nd in (batch.T, 0, 2):
+        out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
+        got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
+                               batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
+                               num_decode_tokens=nd)
+        check_topk(got, scores, topk, tag=f"[seed {seed} fp8 idx nd={nd}]")
+
+
+def test_index_block_topk_bad_input():
+    _, _, _, Didx, B, page, topk = SHAPES[0]
+    batch = Batch([(4, 1)], page)
+    idx_q = torch.randn(1, 1, Didx, device=DEVICE)
+    idx_k, _ = make_idx_cache(batch, Didx, torch.float32)
+    with pytest.raises(ValueError, match="multiple of"):
+        index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos,
+                         page + 1, topk)
+    with pytest.raises(ValueError, match="int32"):
+        index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req.long(),
+                         batch.token_pos, B, topk)
+    with pytest.raises(ValueError, match="local_blocks"):
+        index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos,
+                         B, topk, local_blocks=topk + 1)
+
+
+# --------------------------------------------------------------------------
+# block_sparse_attention
+# --------------------------------------------------------------------------
+ATTN_CASES = {
+    "short": lambda B: [(3, 1), (0, B // 2 + 1)],
+    "exact_blocks": lambda B: [(3 * B - 1, 1), (2 * B - 6, 6)],
+    "mixed": lambda B: [(9 * B + 6, 1), (B + 4, 1), (4 * B - 4, 7), (0, 5)],
+}
+if ON_GPU:
+    ATTN_CASES["long"] = lambda B: [(131071, 1), (30000, 1), (9000, 200)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("case", list(ATTN_CASES))
+def test_block_sparse_attention(case, shape, dtype):
+    seed = _seed()
+    Hq, Hkv, D, _, B, page, topk = shape
+    reqs = ATTN_CASES[case](B)
+    batch = Batch(reqs, page)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    kv, _, _, _, deq = make_kv_cache(batch, Hkv, D, dtype, 0)
+    sel = random_selection(batch, Hkv, topk, B)
+    scale = D ** -0.5
+    ref = ref_attention(batch, q, deq, sel, B, scale)
+    atol, rtol = tol(dtype)
+    splits_list = (1, 2, topk) if case == "mixed" else (1, 2)
+    for splits in ((None,) + splits_list if ON_GPU else splits_list):
+        out = torch.full_like(q, float("nan"))
+        got = block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
+                                     sel, B, scale, out=out, num_splits=splits)
+        assert got.data_ptr() == out.data_ptr()
+        torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
+                                   msg=lambda m: f"[seed {seed} splits {splits}] {m}")
+
+
+@pytest.mark.parametrize("Hq,Hkv", [(5, 1), (6, 2)] if not ON_GPU else [(24, 1), (48, 4)])
+def test_block_sparse_attention_odd_groups(Hq, Hkv):
+    """GQA group sizes that are not powers of two (5, 3 / 24, 12)."""
+    seed = _seed()
+    dtype = DTYPES[0]
+    _, _, D, _, B, page, topk = SHAPES[0]
+    reqs = [(4 * B + 5, 1), (B - 3, 5)]
+    batch = Batch(reqs, page)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    kv, _, _, _, deq = make_kv_cache(batch, Hkv, D, dtype, 0)
+    sel = random_selection(batch, Hkv, topk, B)
+    ref = ref_attention(batch, q, deq, sel, B, 0.3)
+    atol, rtol = tol(dtype)
+    for splits in (1, 2):
+        out = torch.full_like(q, float("nan"))
+        got = block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
+                                     sel, B, 0.3, out=out, num_splits=splits)
+        torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
+                                   msg=lambda m: f"[seed {seed} splits {splits}] {m}")
+
+
+def test_block_sparse_attention_head_dim_128():
+    if ON_GPU:
+        pytest.skip("covered by the real-shape tests on the GPU")
+    seed = _seed()
+    batch = Batch([(40, 1), (0, 5)], 16)
+    q = torch.randn(batch.T, 16, 128, device=DEVICE, dtype=torch.float16)
+    kv, _, _, _, deq = make_kv_cache(batch, 1, 128, torch.float16, 0)
+    sel = random_selection(batch, 1, 2, 16, full_prob=1.0)
+    ref = ref_attention(batch, q, deq, sel, 16, 128 ** -0.5)
+    got = block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
+                                 sel, 16, 128 ** -0.5, out=torch.full_like(q, float("nan")))
+    torch.testing.assert_close(got.double(), ref, atol=3e-3, rtol=1e-2,
+                               msg=lambda m: f"[seed {seed}] {m}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_msa_pipeline_end_to_end(dtype):
+    """index_block_topk feeding block_sparse_attention vs the oracle pipeline."""
+    seed = _seed()
+    Hq, Hkv, D, Didx, B, page, topk = SHAPES[-1]
+    reqs = [(4 * B + 2, 1), (9, 1), (2 * B - 7, 10), (0, 12)]
+    batch = Batch(reqs, page)
+    idx_q = torch.randn(batch.T, Hkv, Didx, device=DEVICE).to(dtype)
+    idx_k, _ = make_idx_cache(batch, Didx, dtype)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    kv, _, _, _, deq = make_kv_cache(batch, Hkv, D, dtype, 0)
+    sel = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos,
+                           B, topk, num_decode_tokens=2)
+    scores = ref_block_scores(batch, idx_q, idx_k, B, 1, 0)
+    check_topk(sel, scores, topk, tag=f"[seed {seed}]")
+    ref = ref_attention(batch, q, deq, sel, B, D ** -0.5)
+    got = block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
+                                 sel, B, D ** -0.5)
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
+                               msg=lambda m: f"[seed {seed}] {m}")
+
+
+def test_block_sparse_attention_bad_input():
+    batch = Batch([(4, 1)], 8)
+    q = torch.randn(1, 4, 16, device=DEVICE)
+    kv, _, _, _, _ = make_kv_cache(batch, 1, 16, torch.float32, 0)
+    sel = torch.zeros(1, 1, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="kv_scale_mode 1"):
+        block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
+                               sel, 16, 1.0, kv_scale_mode=1)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        block_sparse_attention(torch.randn(1, 3, 16, device=DEVICE), kv.expand(-1, -1, -1, 2, -1),
+                               batch.block_table, batch.token_req, batch.token_pos,
+                               sel.expand(-1, 2, -1), 16, 1.0)
+
+
+# --------------------------------------------------------------------------
+# the model helper's PyTorch reference backend, when present
+# --------------------------------------------------------------------------
+def test_against_reference_sparse_ops():
+    try:
+        from vllm.models.minimax_m3.common import sparse_ops
+    except ImportError as e:
+        pytest.skip(f"reference backend sparse_ops not importable: {e}")
+    if not (hasattr(sparse_ops, "index_block_topk") and hasattr(sparse_ops, "block_sparse_attention")):
+        pytest.skip("sparse_ops lacks index_block_topk / block_sparse_attention")
+    seed = _seed()
+    dtype = DTYPES[0]
+    Hq, Hkv, D, Didx, B, page, topk = SHAPES[-1]
+    reqs = [(3 * B + 4, 1), (B + 2, 17), (0, 9)]
+    batch = Batch(reqs, page)
+    idx_q = torch.randn(batch.T, Hkv, Didx, device=DEVICE).to(dtype)
+    idx_k, _ = make_idx_cache(batch, Didx, dtype)
+    idx_k = torch.nan_to_num(idx_k)  # the reference may read whole pages
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    kv, _, _, _, _ = make_kv_cache(batch, Hkv, D, dtype, 0)
+    kv = torch.nan_to_num(kv)
+    args = (batch.block_table, batch.token_req, batch.token_pos)
+    ref_sel = sparse_ops.index_block_topk(idx_q, idx_k, *args, B, topk, 1, 0)
+    got_sel = index_block_topk(idx_q, idx_k, *args, B, topk, 1, 0)
+    scores = ref_block_scores(batch, idx_q, idx_k, B, 1, 0)
+    check_topk(ref_sel.to(torch.int32), scores, topk, tag=f"[seed {seed} sparse_ops]")
+    check_topk(got_sel, scores, topk, tag=f"[seed {seed} triton]")
+    ref = sparse_ops.block_sparse_attention(q, kv, *args, got_sel, B, D ** -0.5, 0, None, None, None)
+    got = block_sparse_attention(q, kv, *args, got_sel, B, D ** -0.5)
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol,
+                               msg=lambda m: f"[seed {seed}] {m}")
