@@ -51,7 +51,7 @@ demo: install-cpu
 	$(VPY) ci/demo.py
 
 test: install-cpu
-	$(VPY) -m pytest $(PYTEST_ARGS) tests
+	$(VPY) -m pytest $(PYTEST_ARGS) tests vllm_overlay/tests
 
 test-series: $(VENV)/.test-ok
 	$(VPY) -m pytest $(PYTEST_ARGS) tests/series
