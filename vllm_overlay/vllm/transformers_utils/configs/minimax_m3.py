@@ -168,9 +168,9 @@ if _HF_IMPORT_ERROR is None:
             n_shared = kwargs.get("n_shared_experts", 1)
             super().__post_init__(**kwargs)
             # transformers rewrites hidden_act to "silu"; keep what was asked.
-            self.mlp_activation = (
-                raw_act if raw_act != "silu" else kwargs.get("mlp_activation", "swigluoai")
-            )
+            if raw_act == "silu":  # transformers' normalized form
+                raw_act = kwargs.get("mlp_activation", "swigluoai")
+            self.mlp_activation = raw_act
             self.index_init_blocks = extras.get(
                 "index_init_blocks", kwargs.get("index_init_blocks", 0)
             )

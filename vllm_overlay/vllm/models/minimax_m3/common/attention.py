@@ -20,6 +20,20 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttent
 from .backend import MiniMaxM3IndexerBackend, MiniMaxM3SparseBackend
 
 
+def _sparse_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype):
+    """K/V cache dtype of a sparse layer: the model dtype or FP8 e4m3."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype in ("bfloat16", "float16", "float32"):
+        return getattr(torch, kv_cache_dtype)
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return torch.float8_e4m3fn
+    raise NotImplementedError(
+        f"MiniMax-M3 sparse layers do not support kv_cache_dtype="
+        f"{kv_cache_dtype!r}; use auto, fp8 or fp8_e4m3."
+    )
+
+
 def _register_layer(prefix: str, layer: nn.Module) -> None:
     ctx = get_current_vllm_config().compilation_config.static_forward_context
     if prefix in ctx:
@@ -74,7 +88,6 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         prefix: str,
     ):
         super().__init__()
-        vllm_config = get_current_vllm_config()
         self.layer_name = prefix
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -82,6 +95,11 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         self.cache_config = cache_config
         self.kv_cache_dtype = cache_config.cache_dtype if cache_config else "auto"
         self.dtype = torch.get_default_dtype()
+        self.cache_torch_dtype = _sparse_cache_dtype(self.kv_cache_dtype, self.dtype)
+        # Scalar FP8 scales (1.0 unless set; checkpoints' k/v scales are not
+        # loaded yet for sparse layers).
+        self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32))
+        self.register_buffer("_v_scale", torch.ones((), dtype=torch.float32))
         block_size = cache_config.block_size if cache_config else None
         if block_size is not None and sparse_block % block_size:
             raise ValueError(
@@ -106,14 +124,13 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         self.index_cache = MiniMaxM3IndexKCache(
             index_dim, self.dtype, f"{prefix}.index_k_cache", cache_config
         )
-        del vllm_config
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
         return FullAttentionSpec(
             block_size=self.cache_config.block_size,
             num_kv_heads=self.num_kv_heads,
             head_size=self.head_size,
-            dtype=self.dtype,
+            dtype=self.cache_torch_dtype,
         )
 
     def get_attn_backend(self):

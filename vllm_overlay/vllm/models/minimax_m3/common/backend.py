@@ -134,7 +134,13 @@ class _MiniMaxM3BackendBase(AttentionBackend):
 
 
 class MiniMaxM3SparseBackend(_MiniMaxM3BackendBase):
-    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "bfloat16", "float16"]
+    supported_kv_cache_dtypes: ClassVar[list] = [
+        "auto",
+        "bfloat16",
+        "float16",
+        "fp8",
+        "fp8_e4m3",
+    ]
 
     @staticmethod
     def get_name() -> str:
@@ -207,11 +213,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         local_blocks: int = 1,
         init_blocks: int = 0,
     ) -> None:
-        if kv_cache_dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise NotImplementedError(
-                f"MiniMax-M3 sparse layers do not support kv_cache_dtype="
-                f"{kv_cache_dtype!r} yet; use --kv-cache-dtype auto."
-            )
+        self.fp8 = kv_cache_dtype in ("fp8", "fp8_e4m3")
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -248,6 +250,12 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             self._ops = select_sparse_ops(q.device)
         index_block_topk, block_sparse_attention = self._ops
         slots = md.slot_mapping
+        mode, k_scale, v_scale = 0, None, None
+        if self.fp8:  # scalar scales: cache holds x / scale in e4m3
+            mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
+            fmax = torch.finfo(torch.float8_e4m3fn).max
+            k = (k.float() / k_scale).clamp(-fmax, fmax)
+            v = (v.float() / v_scale).clamp(-fmax, fmax)
         _write_pages(kv_cache[:, 0], k[:T], slots)
         _write_pages(kv_cache[:, 1], v[:T], slots)
         _write_pages(idx_cache, idx_k[:T], slots)
@@ -271,9 +279,9 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             topk,
             self.sparse_block,
             self.scale,
-            0,
-            None,
-            None,
+            mode,
+            k_scale,
+            v_scale,
             None,
         )
         output[:T] = out

@@ -164,7 +164,9 @@ def block_sparse_attention(
             pos = token_pos[cs:ce].long()
             sel = topk_blocks[cs:ce].long()  # [t, Hkv, topk]
             sel = torch.where(sel < 0, n_blocks, sel).clamp(max=n_blocks)
-            chosen = torch.zeros(t, Hkv, n_blocks + 1, dtype=torch.bool, device=q.device)
+            chosen = torch.zeros(
+                t, Hkv, n_blocks + 1, dtype=torch.bool, device=q.device
+            )
             chosen.scatter_(-1, sel, True)
             allowed = chosen[..., key_blk]  # [t, Hkv, n]
             allowed &= (key_pos[None, :] <= pos[:, None])[:, None, :]

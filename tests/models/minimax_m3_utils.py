@@ -1,0 +1,236 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers for the MiniMax-M3 tests: tiny random checkpoints built with
+transformers' MiniMax-M3 classes (the oracle), a legacy-config rewrite, and a
+subprocess runner for vLLM engines (each engine in a fresh process)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+N_LAYERS = 4
+LAYER_TYPES = ["full_attention", "minimax_m3_sparse", "minimax_m3_sparse", "minimax_m3_sparse"]
+MLP_TYPES = ["dense", "sparse", "dense", "sparse"]
+
+
+def text_config(sparse_block: int = 32, topk: int = 2, **over) -> dict:
+    cfg = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=N_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,  # smallest head size vLLM's CPU attention supports
+        dense_intermediate_size=48,
+        shared_intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        rotary_dim=16,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+        layer_types=list(LAYER_TYPES),
+        mlp_layer_types=list(MLP_TYPES),
+        index_n_heads=2,
+        index_head_dim=32,
+        index_block_size=sparse_block,
+        index_topk_blocks=topk,
+        index_local_blocks=1,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.5,
+    )
+    cfg.update(over)
+    return cfg
+
+
+def build_checkpoint(path: str, seed: int = 0, dtype=torch.float32, **text_over) -> str:
+    """Random tiny MiniMax-M3 (VL wrapper, tiny vision tower) saved by HF."""
+    from transformers.models.minimax_m3_vl import (
+        MiniMaxM3SparseForConditionalGeneration,
+        MiniMaxM3VLConfig,
+    )
+
+    vc = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    cfg = MiniMaxM3VLConfig(
+        text_config=text_config(**text_over), vision_config=vc, projector_hidden_size=64
+    )
+    torch.manual_seed(seed)
+    model = MiniMaxM3SparseForConditionalGeneration(cfg)
+    with torch.no_grad():  # non-trivial norms and routing bias
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.2)
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.normal_(0.0, 0.1)
+    model.to(dtype).save_pretrained(path)
+    return path
+
+
+def to_legacy(src: str, dst: str) -> str:
+    """Copy a checkpoint, rewriting text_config into the released legacy keys."""
+    shutil.copytree(src, dst)
+    p = os.path.join(dst, "config.json")
+    cfg = json.load(open(p))
+    t = cfg["text_config"]
+    rope = t.pop("rope_parameters")
+    t["rope_theta"] = rope["rope_theta"]
+    t["partial_rotary_factor"] = rope["partial_rotary_factor"]
+    t["hidden_act"] = "swigluoai"
+    t["sparse_attention_config"] = {
+        "use_sparse_attention": True,
+        "sparse_index_dim": t.pop("index_head_dim"),
+        "sparse_num_index_heads": t.pop("index_n_heads"),
+        "sparse_topk_blocks": t.pop("index_topk_blocks"),
+        "sparse_block_size": t.pop("index_block_size"),
+        "sparse_local_block": t.pop("index_local_blocks"),
+        "sparse_init_block": 0,
+        "sparse_score_type": "max",
+        "sparse_disable_index_value": True,
+        "sparse_attention_freq": [int(x == "minimax_m3_sparse") for x in t.pop("layer_types")],
+    }
+    t["moe_layer_freq"] = [int(x == "sparse") for x in t.pop("mlp_layer_types")]
+    t.update(
+        use_gemma_norm=True,
+        qk_norm_type="per_head",
+        scoring_func="sigmoid",
+        use_routing_bias=True,
+        n_shared_experts=1,
+    )
+    json.dump(cfg, open(p, "w"), indent=2)
+    return dst
+
+
+_RUNNER = textwrap.dedent(
+    """
+    import json, sys
+    spec = json.load(open(sys.argv[1]))
+    out = {}
+    try:
+        from vllm import LLM, SamplingParams
+        llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True,
+                  gpu_memory_utilization=0.3, kv_cache_memory_bytes=64 << 20,
+                  **spec["llm_kwargs"])
+        res = []
+        for rnd in range(spec.get("rounds", 1)):
+            sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0,
+                                logprobs=0, prompt_logprobs=spec.get("prompt_logprobs"),
+                                detokenize=False)
+            outs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], sp)
+            r = []
+            for o in outs:
+                c = o.outputs[0]
+                item = {"tokens": list(c.token_ids),
+                        "logprobs": [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]}
+                if o.prompt_logprobs is not None:
+                    item["prompt_logprobs"] = [
+                        None if lp is None else lp[t].logprob
+                        for lp, t in zip(o.prompt_logprobs, o.prompt_token_ids)]
+                r.append(item)
+            res.append(r)
+        out["rounds"] = res
+        if spec.get("mm_probe"):
+            from PIL import Image
+            try:
+                llm.generate({"prompt_token_ids": spec["prompts"][0],
+                              "multi_modal_data": {"image": Image.new("RGB", (28, 28))}},
+                             SamplingParams(max_tokens=1))
+                out["mm_probe"] = "accepted"
+            except Exception as e:
+                out["mm_probe"] = f"{type(e).__name__}: {e}"
+    except Exception as e:  # reported to the test
+        import traceback
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()
+    json.dump(out, open(sys.argv[2], "w"))
+    """
+)
+
+
+def run_vllm(workdir: str, model: str, prompts, max_tokens: int, timeout=600, **kw):
+    """Run one vLLM engine in a fresh process; returns the runner's JSON."""
+    os.makedirs(workdir, exist_ok=True)
+    spec = dict(
+        model=model,
+        prompts=prompts,
+        max_tokens=max_tokens,
+        llm_kwargs=kw.pop("llm_kwargs"),
+        **kw,
+    )
+    spec_p, out_p, run_p = (os.path.join(workdir, n) for n in ("spec.json", "out.json", "run.py"))
+    json.dump(spec, open(spec_p, "w"))
+    open(run_p, "w").write(_RUNNER)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run(
+        [sys.executable, run_p, spec_p, out_p],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if not os.path.exists(out_p):
+        raise RuntimeError(f"vLLM runner died (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.load(open(out_p))
+
+
+def hf_greedy(model, prompt, n_new: int):
+    """Greedy decoding by full forward passes; returns (tokens, logprobs)."""
+    ids, lps = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            lp = logits.float().log_softmax(-1)
+            t = int(lp.argmax())
+            ids.append(t)
+            lps.append(float(lp[t]))
+    return ids[len(prompt):], lps
+
+
+def hf_token_logprobs(model, seq):
+    """Teacher-forced logprob of seq[i] given seq[:i], for i >= 1."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([seq])).logits[0].float()
+    lp = logits.log_softmax(-1)
+    return [float(lp[i - 1, seq[i]]) for i in range(1, len(seq))]
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
+
+def build_tokenizer(path: str, vocab_size: int = 320) -> None:
+    """Small byte-level BPE trained in-process (no download), with a chat
+    template, saved next to a checkpoint."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [
+        "MiniMax-M3 is a mixture of experts model with sparse attention.",
+        "The quick brown fox jumps over the lazy dog. Hello world!",
+        "user: what is vLLM? assistant: a fast inference and serving engine.",
+    ]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)

@@ -1,0 +1,297 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""MiniMax-M3 MLP, MoE and attention blocks (text backbone)."""
+
+import torch
+from torch import nn
+
+from vllm.config import CacheConfig
+from vllm.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.fused_moe import FusedMoE
+from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
+from vllm.model_executor.layers.quantization import QuantizationConfig
+from vllm.model_executor.layers.rotary_embedding import get_rope
+
+from .attention import MiniMaxM3SparseAttention
+
+SWIGLU_ALPHA = 1.702
+SWIGLU_LIMIT = 7.0
+
+
+def swigluoai_halves(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """swigluoai on [..., 2*I] laid out as [gate | up]."""
+    gate, up = x.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1.0) * (gate * torch.sigmoid(gate * alpha))
+
+
+class MiniMaxM3MLP(nn.Module):
+    """Dense MLP / shared expert: gate_up -> swigluoai -> down."""
+
+    def __init__(
+        self,
+        config,
+        hidden_size: int,
+        intermediate_size: int,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+    ) -> None:
+        super().__init__()
+        self.alpha = config.swiglu_alpha
+        self.limit = config.swiglu_limit
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size,
+            [intermediate_size] * 2,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size,
+            hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up, _ = self.gate_up_proj(x)
+        out, _ = self.down_proj(swigluoai_halves(gate_up, self.alpha, self.limit))
+        return out
+
+
+class MiniMaxM3MoE(nn.Module):
+    """Sigmoid-routed MoE with correction bias, routed scale, shared expert."""
+
+    def __init__(
+        self,
+        config,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+    ) -> None:
+        super().__init__()
+        if (config.swiglu_alpha, config.swiglu_limit) != (SWIGLU_ALPHA, SWIGLU_LIMIT):
+            raise ValueError(
+                "MiniMax-M3 MoE: vLLM's fused swigluoai experts use alpha "
+                f"{SWIGLU_ALPHA} and limit {SWIGLU_LIMIT}; the config has "
+                f"{config.swiglu_alpha} / {config.swiglu_limit}."
+            )
+        n_exp = config.num_local_experts
+        self.routed_scaling_factor = float(config.routed_scaling_factor)
+        self.gate = ReplicatedLinear(
+            config.hidden_size,
+            n_exp,
+            bias=False,
+            quant_config=None,
+            prefix=f"{prefix}.gate",
+        )
+        self.e_score_correction_bias = nn.Parameter(
+            torch.zeros(n_exp, dtype=torch.float32), requires_grad=False
+        )
+        self.experts = FusedMoE(
+            num_experts=n_exp,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            renormalize=True,
+            custom_routing_function=self._route,
+            activation="swigluoai",
+            quant_config=quant_config,
+            prefix=f"{prefix}.experts",
+        )
+        self.shared_experts = MiniMaxM3MLP(
+            config,
+            config.hidden_size,
+            config.shared_intermediate_size,
+            quant_config,
+            f"{prefix}.shared_experts",
+        )
+        self._interleaved = False
+
+    def _route(self, hidden_states, gating_output, topk, renormalize):
+        scores = gating_output.float().sigmoid()
+        biased = scores + self.e_score_correction_bias.float()
+        _, ids = torch.topk(biased, topk, dim=-1, sorted=False)
+        weights = scores.gather(1, ids)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids.to(torch.int32)
+
+    def interleave_gate_up(self) -> None:
+        """Checkpoint experts are [gate | up]; vLLM's swigluoai experts read
+        gate/up interleaved (gate = x[..., ::2]). Reorder w13 rows once."""
+        if self._interleaved:
+            return
+        w13 = self.experts.w13_weight
+        rows = w13.shape[1]
+        for name, p in list(self.experts.named_parameters(recurse=False)):
+            if not name.startswith("w13"):
+                continue
+            if p.dim() < 2 or p.shape[1] != rows:
+                raise NotImplementedError(
+                    f"MiniMax-M3: cannot reorder expert parameter {name} "
+                    f"{tuple(p.shape)} for swigluoai; this quantization scheme "
+                    "is not supported yet."
+                )
+            d = p.data
+            gate, up = d.chunk(2, dim=1)
+            d.copy_(torch.stack((gate, up), dim=2).reshape(d.shape))
+        self._interleaved = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.shared_experts(x)
+        logits, _ = self.gate(x)
+        routed = self.experts(hidden_states=x, router_logits=logits)
+        return routed * self.routed_scaling_factor + shared
+
+
+def _local_kv_heads(total_kv: int) -> tuple[int, int]:
+    """(first KV/index head, count) held by this TP rank."""
+    tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+    if tp <= total_kv:
+        n = total_kv // tp
+        return rank * n, n
+    return rank // (tp // total_kv), 1  # KV heads replicated
+
+
+class MiniMaxM3Attention(nn.Module):
+    def __init__(
+        self,
+        config,
+        layer_idx: int,
+        sparse: bool,
+        cache_config: CacheConfig | None,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+    ) -> None:
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        self.head_dim = hd = config.head_dim
+        total_heads, total_kv = config.num_attention_heads, config.num_key_value_heads
+        if total_heads % tp or (tp > total_kv and tp % total_kv) or (
+            tp <= total_kv and total_kv % tp
+        ):
+            raise ValueError(
+                f"MiniMax-M3: tensor parallel size {tp} does not fit "
+                f"{total_heads} query / {total_kv} KV heads."
+            )
+        self.num_heads = total_heads // tp
+        self.kv_start, self.num_kv_heads = _local_kv_heads(total_kv)
+        self.q_size = self.num_heads * hd
+        self.kv_size = self.num_kv_heads * hd
+        scale = hd**-0.5
+        eps = config.rms_norm_eps
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            hd,
+            total_heads,
+            total_kv,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            total_heads * hd,
+            config.hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+        )
+        self.q_norm = GemmaRMSNorm(hd, eps=eps)
+        self.k_norm = GemmaRMSNorm(hd, eps=eps)
+        rope = dict(config.rope_parameters or {})
+        rope.setdefault("rope_type", "default")
+        self.rotary_dim = int(hd * rope.get("partial_rotary_factor", 1.0))
+        max_pos = config.max_position_embeddings
+        self.rotary_emb = get_rope(
+            hd, max_pos, is_neox_style=True, rope_parameters=rope
+        )
+        self.sparse = sparse
+        if not sparse:
+            self.attn = Attention(
+                self.num_heads,
+                hd,
+                scale,
+                num_kv_heads=self.num_kv_heads,
+                cache_config=cache_config,
+                quant_config=quant_config,
+                prefix=f"{prefix}.attn",
+            )
+            return
+        self.index_heads = config.index_n_heads
+        self.index_dim = idim = config.index_head_dim
+        # Small projections: replicated; each rank keeps the index heads of
+        # its own KV heads (index head h selects for KV head h).
+        self.index_q_proj = ReplicatedLinear(
+            config.hidden_size,
+            self.index_heads * idim,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.index_q_proj",
+        )
+        self.index_k_proj = ReplicatedLinear(
+            config.hidden_size,
+            idim,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.index_k_proj",
+        )
+        self.index_q_norm = GemmaRMSNorm(idim, eps=eps)
+        self.index_k_norm = GemmaRMSNorm(idim, eps=eps)
+        idx_rope = {
+            "rope_type": "default",
+            "rope_theta": rope.get("rope_theta", 10000.0),
+            "rope_dim": self.rotary_dim,
+        }
+        self.index_rotary_emb = get_rope(
+            idim, max_pos, is_neox_style=True, rope_parameters=idx_rope
+        )
+        self.attn = MiniMaxM3SparseAttention(
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_size=hd,
+            index_dim=idim,
+            scale=scale,
+            sparse_block=config.index_block_size,
+            topk_blocks=config.index_topk_blocks,
+            local_blocks=config.index_local_blocks,
+            init_blocks=getattr(config, "index_init_blocks", 0) or 0,
+            cache_config=cache_config,
+            prefix=f"{prefix}.attn",
+        )
+
+    def _head_norm(self, x: torch.Tensor, norm: nn.Module, dim: int) -> torch.Tensor:
+        n = x.shape[0]
+        return norm(x.reshape(n, -1, dim)).reshape(n, -1)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self._head_norm(q, self.q_norm, self.head_dim)
+        k = self._head_norm(k, self.k_norm, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        if not self.sparse:
+            out = self.attn(q, k, v)
+        else:
+            iq, _ = self.index_q_proj(hidden)
+            ik, _ = self.index_k_proj(hidden)
+            iq = self._head_norm(iq, self.index_q_norm, self.index_dim)
+            ik = self._head_norm(ik, self.index_k_norm, self.index_dim)
+            iq, ik = self.index_rotary_emb(positions, iq, ik)
+            n = iq.shape[0]
+            iq = iq.view(n, self.index_heads, self.index_dim)
+            iq = iq[:, self.kv_start : self.kv_start + self.num_kv_heads]
+            out = self.attn(q, k, v, iq.contiguous(), ik.contiguous())
+        out, _ = self.o_proj(out)
+        return out

@@ -1,0 +1,230 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""MiniMax-M3 text backbone (dense + MSA sparse attention, dense MLP + MoE).
+
+Loads the released tensor names (``language_model.model.layers.N...``,
+``block_sparse_moe.experts.E.w1/w3/w2``) and those written by transformers'
+``save_pretrained`` (the same names). Vision tensors are skipped: this is
+the language model only.
+"""
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.fused_moe import FusedMoE
+from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
+from vllm.sequence import IntermediateTensors
+from vllm.transformers_utils.configs.minimax_m3 import (
+    SPARSE_LAYER,
+    validate_minimax_m3_text_config,
+)
+
+from .layers import MiniMaxM3Attention, MiniMaxM3MLP, MiniMaxM3MoE
+
+# Checkpoint prefixes that belong to the vision tower / projector / MTP.
+_SKIPPED_PREFIXES = (
+    "vision_tower.",
+    "multi_modal_projector.",
+    "patch_merge_mlp.",
+    "mtp.",
+)
+
+
+class MiniMaxM3DecoderLayer(nn.Module):
+    def __init__(self, vllm_config: VllmConfig, config, layer_idx: int, prefix: str):
+        super().__init__()
+        quant_config = vllm_config.quant_config
+        sparse = config.layer_types[layer_idx] == SPARSE_LAYER
+        self.self_attn = MiniMaxM3Attention(
+            config,
+            layer_idx,
+            sparse,
+            vllm_config.cache_config,
+            quant_config,
+            prefix=f"{prefix}.self_attn",
+        )
+        if config.mlp_layer_types[layer_idx] == "sparse":
+            self.block_sparse_moe = MiniMaxM3MoE(
+                config, quant_config, prefix=f"{prefix}.block_sparse_moe"
+            )
+            self.mlp = None
+        else:
+            self.mlp = MiniMaxM3MLP(
+                config,
+                config.hidden_size,
+                config.dense_intermediate_size,
+                quant_config,
+                prefix=f"{prefix}.mlp",
+            )
+        eps = config.rms_norm_eps
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden))
+        h = self.post_attention_layernorm(hidden)
+        h = self.mlp(h) if self.mlp is not None else self.block_sparse_moe(h)
+        return hidden + h
+
+
+class MiniMaxM3Model(nn.Module):
+    def __init__(self, vllm_config: VllmConfig, config, prefix: str = ""):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size,
+            config.hidden_size,
+            prefix=f"{prefix}.embed_tokens",
+        )
+        self.layers = nn.ModuleList(
+            MiniMaxM3DecoderLayer(vllm_config, config, i, f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden = inputs_embeds
+        for layer in self.layers:
+            hidden = layer(positions, hidden)
+        return self.norm(hidden)
+
+
+def _text_config(vllm_config: VllmConfig):
+    config = vllm_config.model_config.hf_text_config
+    if not hasattr(config, "index_topk_blocks"):
+        raise ValueError(
+            "MiniMax-M3: the model config lacks the MSA fields (index_* / "
+            "sparse_attention_config); is this a MiniMax-M3 checkpoint?"
+        )
+    validate_minimax_m3_text_config(config)
+    return config
+
+
+class MiniMaxM3SparseForCausalLM(nn.Module):
+    """MiniMax-M3 text model. Language-model only (no vision tower)."""
+
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    hf_to_vllm_mapper = WeightsMapper(orig_to_new_prefix={"language_model.": ""})
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = _text_config(vllm_config)
+        self.config = config
+        self.model = MiniMaxM3Model(vllm_config, config, maybe_prefix(prefix, "model"))
+        self.lm_head = ParallelLMHead(
+            config.vocab_size,
+            config.hidden_size,
+            quant_config=vllm_config.quant_config,
+            prefix=maybe_prefix(prefix, "lm_head"),
+        )
+        if config.tie_word_embeddings:
+            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def get_expert_mapping(self) -> list[tuple[str, str, int, str]]:
+        return FusedMoE.make_expert_params_mapping(
+            self,
+            ckpt_gate_proj_name="w1",
+            ckpt_down_proj_name="w2",
+            ckpt_up_proj_name="w3",
+            num_experts=self.config.num_local_experts,
+        )
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        stacked = [
+            ("qkv_proj", "q_proj", "q"),
+            ("qkv_proj", "k_proj", "k"),
+            ("qkv_proj", "v_proj", "v"),
+            ("gate_up_proj", "gate_proj", 0),
+            ("gate_up_proj", "up_proj", 1),
+        ]
+        expert_mapping = self.get_expert_mapping()
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, w in self.hf_to_vllm_mapper.apply(weights):
+            if name.startswith(_SKIPPED_PREFIXES) or "rotary_emb.inv_freq" in name:
+                continue
+            if self.config.tie_word_embeddings and name.startswith("lm_head."):
+                continue
+            if ".index_q_proj." in name or ".index_k_proj." in name:
+                pass  # plain replicated linears, loaded below
+            elif ".experts." in name and ".shared_experts." not in name:
+                for param_name, weight_name, expert_id, shard_id in expert_mapping:
+                    if weight_name not in name:
+                        continue
+                    name = name.replace(weight_name, param_name)
+                    param = params[name]
+                    param.weight_loader(
+                        param, w, name, shard_id=shard_id, expert_id=expert_id
+                    )
+                    break
+                else:
+                    raise ValueError(f"MiniMax-M3: unexpected expert tensor {name}")
+                loaded.add(name)
+                continue
+            else:
+                for param_name, shard_name, shard_id in stacked:
+                    if f".{shard_name}." not in name:
+                        continue
+                    name = name.replace(f".{shard_name}.", f".{param_name}.")
+                    param = params[name]
+                    param.weight_loader(param, w, shard_id)
+                    break
+                else:
+                    shard_id = None
+                if shard_id is not None:
+                    loaded.add(name)
+                    continue
+            if name not in params:
+                raise ValueError(
+                    f"MiniMax-M3: checkpoint tensor {name!r} has no matching "
+                    "parameter in vLLM's model."
+                )
+            param = params[name]
+            getattr(param, "weight_loader", default_weight_loader)(param, w)
+            loaded.add(name)
+        for module in self.modules():
+            if isinstance(module, MiniMaxM3MoE):
+                module.interleave_gate_up()
+        return loaded
+
+
+class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
+    """Released ``MiniMaxM3SparseForConditionalGeneration`` checkpoints served
+    as text-only models: the vision tower is not built, its weights are skipped,
+    and vLLM refuses image/video inputs (the model is registered as text-only).
+    """
