@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# GPU job: the series' GPU-relevant test suites on the patched CUDA wheel, in one call.
+#   kernels  tests/kernels + vllm_overlay/tests (Triton MSA kernels, bf16/fp8, real shapes)
+#   fixes    tests/fixes (vllm#51632 fused shared expert; #51585 needs build/vllm and is CPU-only)
+#   models   tests/models (MiniMax-M3 vs transformers; on CUDA the sparse backend uses Triton)
+# Run on the GPU machine after `bash .gpu/recv.sh install && . /tmp/gpu-env.sh`.
+# Writes $OUT/gpu_tests.md (dated table), junit XML and logs per suite.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models")
+BUDGET=${SUITE_TIMEOUT:-400}
+for s in kernels fixes models; do
+  timeout "$BUDGET" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" ${SUITES[$s]} \
+    > "$OUT/$s.log" 2>&1
+  echo "$s: exit $?" | tee -a "$OUT/exit_codes.txt"
+  tail -3 "$OUT/$s.log"
+done
+python - "$OUT" <<'PY'
+import datetime, os, subprocess, sys, xml.etree.ElementTree as ET
+out = sys.argv[1]
+gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip().splitlines()[0]
+import vllm
+lines = ["# Series tests on GPU", "",
+         f"date: {datetime.date.today()} | GPU: {gpu} | vllm: {vllm.__version__} | "
+         f"repo commit: {os.environ.get('GIT_COMMIT', 'unknown')}", "",
+         "| suite | passed | failed | errors | skipped | time (s) |", "|---|---|---|---|---|---|"]
+for s in ("kernels", "fixes", "models"):
+    try:
+        suite = ET.parse(f"{out}/{s}.xml").getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        n, f, e, k = (int(suite.get(a, 0)) for a in ("tests", "failures", "errors", "skipped"))
+        lines.append(f"| {s} | {n - f - e - k} | {f} | {e} | {k} | {float(suite.get('time', 0)):.0f} |")
+    except (FileNotFoundError, ET.ParseError):
+        lines.append(f"| {s} | - | - | - | - | no result (timed out or crashed; see {s}.log) |")
+    fails = [c.get("classname", "") + "::" + c.get("name") for c in ET.parse(f"{out}/{s}.xml").iter("testcase")
+             if c.find("failure") is not None or c.find("error") is not None] if os.path.exists(f"{out}/{s}.xml") else []
+    lines += [f"|  ↳ failed: {x} | | | | | |" for x in fails[:10]]
+open(f"{out}/gpu_tests.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
