@@ -234,3 +234,88 @@ def build_tokenizer(path: str, vocab_size: int = 320) -> None:
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
+
+
+# ------------------------------------------------------ checkpoint layouts
+# The tensor layouts a MiniMax-M3 checkpoint can come in, all built here from
+# transformers' in-memory model (independently of the installed transformers'
+# save_pretrained): "state_dict" (transformers' module names: fused gate/up,
+# stacked experts), "released" (the released checkpoint names, also what
+# transformers 5.24 writes) and "transformers_5_17" (what 5.17 writes: the
+# released names, but a dense layer's MLP under block_sparse_moe.).
+LAYOUTS = ("state_dict", "released", "transformers_5_17")
+
+
+def hf_state_dict(model) -> dict:
+    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+
+
+def released_from_state_dict(sd: dict) -> dict:
+    """transformers' in-memory names -> released checkpoint names (text only)."""
+    out = {}
+    for k, v in sd.items():
+        if k == "lm_head.weight":
+            out["language_model.lm_head.weight"] = v
+            continue
+        if not k.startswith("model.language_model."):
+            continue  # vision tower / projector
+        k = "language_model.model." + k[len("model.language_model."):]
+        k = k.replace(".self_attn.indexer.", ".self_attn.index_")
+        if ".mlp.experts.gate_up_proj" in k:
+            base = k.replace(".mlp.experts.gate_up_proj", ".block_sparse_moe.experts.")
+            inter = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.w1.weight"] = v[e, :inter].contiguous()
+                out[f"{base}{e}.w3.weight"] = v[e, inter:].contiguous()
+        elif ".mlp.experts.down_proj" in k:
+            base = k.replace(".mlp.experts.down_proj", ".block_sparse_moe.experts.")
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.w2.weight"] = v[e].contiguous()
+        elif k.endswith(".mlp.gate.e_score_correction_bias"):
+            out[k.replace(".mlp.gate.", ".block_sparse_moe.")] = v
+        elif ".mlp.gate." in k or ".mlp.shared_experts." in k:
+            k = k.replace(".mlp.", ".block_sparse_moe.")
+            if k.endswith(".gate_up_proj.weight"):
+                inter = v.shape[0] // 2
+                out[k.replace("gate_up_proj", "gate_proj")] = v[:inter].contiguous()
+                out[k.replace("gate_up_proj", "up_proj")] = v[inter:].contiguous()
+            else:
+                out[k] = v
+        elif k.endswith(".mlp.gate_up_proj.weight"):  # dense MLP
+            inter = v.shape[0] // 2
+            out[k.replace("gate_up_proj", "gate_proj")] = v[:inter].contiguous()
+            out[k.replace("gate_up_proj", "up_proj")] = v[inter:].contiguous()
+        else:
+            out[k] = v
+    return out
+
+
+def layout_tensors(sd: dict, layout: str) -> dict:
+    if layout == "state_dict":
+        return dict(sd)
+    rel = released_from_state_dict(sd)
+    if layout == "released":
+        return rel
+    if layout == "transformers_5_17":
+        return {k.replace(".mlp.", ".block_sparse_moe."): v for k, v in rel.items()}
+    raise ValueError(layout)
+
+
+def write_layout(src: str, dst: str, sd: dict, layout: str) -> str:
+    """Checkpoint dir ``dst`` = config of ``src`` + ``sd`` in ``layout``."""
+    from safetensors.torch import save_file
+
+    os.makedirs(dst, exist_ok=True)
+    shutil.copy(os.path.join(src, "config.json"), dst)
+    save_file(layout_tensors(sd, layout), os.path.join(dst, "model.safetensors"))
+    return dst
+
+
+def read_checkpoint(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(path, f)))
+    return out

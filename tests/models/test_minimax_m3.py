@@ -11,6 +11,10 @@ Engines run in subprocesses (one fresh process each, shared per module):
   A  normalized form, fp32, page 16, chunked prefill (max_num_batched_tokens=64)
   B  legacy form, fp32, page 32, no chunking, prefix caching on, two rounds
   C  normalized form, bf16, page 32
+  plus one fp32 engine per non-released tensor layout (transformers' in-memory
+  state_dict; transformers 5.17's save_pretrained names) on the long prompt.
+Checkpoints come from whichever transformers is installed (>= 5.17); the
+layout tests make every run cover the other versions' on-disk layouts too.
 Tolerances: fp32 chosen-token logprobs within 1e-3 of transformers (measured
 ~1e-5); bf16 teacher-forced logprobs: mean abs error vs the fp32 oracle at
 most 1.5x transformers' own bf16 error + 0.02, median abs diff to transformers
@@ -24,12 +28,18 @@ import pytest
 import torch
 
 from minimax_m3_utils import (
+    LAYOUTS,
+    MLP_TYPES,
     build_checkpoint,
     hf_greedy,
+    hf_state_dict,
     hf_token_logprobs,
+    layout_tensors,
+    read_checkpoint,
     run_vllm,
     text_config,
     to_legacy,
+    write_layout,
 )
 
 pytest.importorskip("transformers.models.minimax_m3_vl")
@@ -94,9 +104,10 @@ def engine_b(ckpt, prompts):
     return res
 
 
-def _check_greedy(outs, hf_ref):
+def _check_greedy(outs, hf_ref, lens=PROMPT_LENS):
+    assert len(outs) == len(hf_ref)
     for i, (o, (ref_toks, ref_lps)) in enumerate(zip(outs, hf_ref)):
-        assert o["tokens"] == ref_toks, f"prompt {i} (len {PROMPT_LENS[i]})"
+        assert o["tokens"] == ref_toks, f"prompt {i} (len {lens[i]})"
         diff = max(abs(a - b) for a, b in zip(o["logprobs"], ref_lps))
         assert diff < FP32_TOL, f"prompt {i}: logprob diff {diff}"
 
@@ -170,6 +181,59 @@ def test_page_larger_than_sparse_block_is_refused(ckpt, prompts):
     assert "error" in res
     assert "must divide the sparse attention block size 32" in res["error"]
     assert "--block-size" in res["error"]
+
+
+# ------------------------------------------------------ checkpoint layouts
+
+
+def _normalized(tensors: dict) -> dict:
+    from vllm.models.minimax_m3.common.model import (
+        MiniMaxM3SparseForCausalLM,
+        normalize_checkpoint_weights,
+    )
+
+    mapped = MiniMaxM3SparseForCausalLM.hf_to_vllm_mapper.apply(tensors.items())
+    out = {}
+    for name, w in normalize_checkpoint_weights(mapped, list(MLP_TYPES)):
+        if name.startswith(("vision_tower.", "multi_modal_projector.", "patch_merge_mlp.")):
+            continue
+        assert name not in out, f"{name} produced twice"
+        out[name] = w
+    return out
+
+
+def _assert_same_tensors(got: dict, want: dict, what: str):
+    assert sorted(got) == sorted(want), (
+        what, sorted(set(got) ^ set(want)))
+    for k in want:
+        assert got[k].shape == want[k].shape and torch.equal(got[k], want[k]), (what, k)
+
+
+def test_checkpoint_layouts_normalize_identically(ckpt):
+    """Every tensor layout transformers (>= 5.17) writes or holds maps onto
+    the released names, bit-identically, before vLLM's parameters see it."""
+    sd = hf_state_dict(_hf(ckpt["normalized"]))
+    want = {k[len("language_model."):]: v
+            for k, v in layout_tensors(sd, "released").items()}
+    assert any(".block_sparse_moe.experts.0.w3.weight" in k for k in want)
+    assert any(".mlp.gate_proj.weight" in k for k in want)
+    for layout in LAYOUTS:
+        _assert_same_tensors(_normalized(layout_tensors(sd, layout)), want, layout)
+    # what the installed transformers' save_pretrained actually wrote
+    _assert_same_tensors(_normalized(read_checkpoint(ckpt["normalized"])), want,
+                         "save_pretrained")
+
+
+@pytest.mark.parametrize("layout", ["state_dict", "transformers_5_17"])
+def test_checkpoint_layout_end_to_end(ckpt, prompts, hf_ref, layout):
+    """The non-released layouts load in vLLM and give transformers' answer."""
+    sd = hf_state_dict(_hf(ckpt["normalized"]))
+    path = write_layout(ckpt["normalized"], str(ckpt["dir"] / f"layout_{layout}"),
+                        sd, layout)
+    kw = dict(dtype="float32", block_size=32, max_model_len=256, max_num_seqs=4,
+              max_num_batched_tokens=1024, enable_prefix_caching=False)
+    outs = _engine(ckpt, f"layout_{layout}", path, prompts[-1:], llm_kwargs=kw)[0]
+    _check_greedy(outs, hf_ref[-1:], PROMPT_LENS[-1:])
 
 
 # ------------------------------------------------------------------- config

@@ -195,10 +195,38 @@ if _HF_IMPORT_ERROR is None:
     class MiniMaxM3VLConfig(_HFMiniMaxM3VLConfig):
         """Top-level ``minimax_m3_vl`` config using the validated text part."""
 
+        # transformers >= 5.24 builds sub-configs from this table; older
+        # releases (5.17) hard-code their own text config class in
+        # ``__post_init__`` instead, so the text part is built here first.
         sub_configs_defaults = {
             "text_config": MiniMaxM3TextConfig,
             "vision_config": _HFMiniMaxM3VLVisionConfig,
         }
+
+        def __post_init__(self, **kwargs):
+            self.text_config = _as_text_config(self.text_config)
+            super().__post_init__(**kwargs)
+
+    def _as_text_config(tc: Any) -> MiniMaxM3TextConfig:
+        """``text_config`` (dict, None or a config object) as our validated
+        class, independent of how the installed transformers builds it."""
+        if isinstance(tc, MiniMaxM3TextConfig):
+            return tc
+        if tc is None:
+            return MiniMaxM3TextConfig()
+        if isinstance(tc, _HFMiniMaxM3VLTextConfig):
+            # transformers' own class: rebuild ours from its serialized fields
+            # (its __post_init__ already normalized legacy keys and dropped
+            # what it does not model, exactly as for a plain transformers load).
+            tc = tc.to_dict()
+        if not isinstance(tc, dict):
+            raise TypeError(
+                "MiniMax-M3: text_config must be a dict, None or a MiniMax-M3 "
+                f"text config, got {type(tc).__name__}."
+            )
+        tc = dict(tc)  # never mutate the caller's dict
+        tc.pop("model_type", None)
+        return MiniMaxM3TextConfig(**tc)
 
 else:  # pragma: no cover
 

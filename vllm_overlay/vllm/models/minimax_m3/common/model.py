@@ -3,12 +3,26 @@
 """MiniMax-M3 text backbone (dense + MSA sparse attention, dense MLP + MoE).
 
 Loads the released tensor names (``language_model.model.layers.N...``,
-``block_sparse_moe.experts.E.w1/w3/w2``) and those written by transformers'
-``save_pretrained`` (the same names). Vision tensors are skipped: this is
-the language model only.
+``block_sparse_moe.experts.E.w1/w3/w2``) and every layout transformers
+(>= 5.17) writes; ``normalize_checkpoint_weights`` maps them all onto the
+released names first:
+
+* transformers 5.24 ``save_pretrained``: the released names;
+* transformers 5.17 ``save_pretrained``: the released names, except that the
+  dense MLP of a dense layer is written under ``block_sparse_moe.`` too
+  (``block_sparse_moe.{gate,up,down}_proj``);
+* transformers' in-memory module layout (a raw ``state_dict``):
+  ``model.language_model.`` prefix, ``mlp.`` for the MoE block, the router
+  bias under ``mlp.gate.``, ``self_attn.indexer.{q,k}_{proj,norm}``, fused
+  ``gate_up_proj`` ([gate; up] rows) for dense MLPs and shared experts, and
+  stacked experts ``experts.gate_up_proj`` [E, 2I, H] / ``experts.down_proj``
+  [E, H, I].
+
+Vision tensors are skipped: this is the language model only.
 """
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -38,6 +52,88 @@ _SKIPPED_PREFIXES = (
     "patch_merge_mlp.",
     "mtp.",
 )
+
+# transformers' in-memory names for the parts above.
+_HF_MODULE_SKIPPED_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.")
+_HF_MODULE_TEXT_PREFIX = "model.language_model."
+
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+_INDEXER_RE = re.compile(r"\.self_attn\.indexer\.([qk])_(proj|norm)\.")
+_HF_MOE_RE = re.compile(r"\.mlp\.(experts|gate|shared_experts)\.")
+_DENSE_AS_MOE_RE = re.compile(r"\.block_sparse_moe\.(gate_proj|up_proj|down_proj)\.")
+
+
+def _split_rows(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if t.shape[dim] % 2:
+        raise ValueError(
+            f"MiniMax-M3: fused gate/up tensor of shape {tuple(t.shape)} has an "
+            f"odd size on dim {dim}; cannot split it into gate and up."
+        )
+    gate, up = t.chunk(2, dim=dim)
+    return gate, up
+
+
+def normalize_checkpoint_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], mlp_layer_types: list[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Map checkpoint tensors (names already stripped of ``language_model.``)
+    onto the released names, whatever transformers version wrote them (see
+    the module docstring). Tensor values are passed through unchanged, only
+    renamed or split (fused gate/up rows, stacked experts). Vision/projector
+    tensors in transformers' in-memory naming are dropped here; the released
+    vision names are left for the caller to skip."""
+    for name, w in weights:
+        if name.startswith(_HF_MODULE_SKIPPED_PREFIXES):
+            continue
+        if name.startswith(_HF_MODULE_TEXT_PREFIX):
+            name = "model." + name[len(_HF_MODULE_TEXT_PREFIX):]
+        name = _INDEXER_RE.sub(r".self_attn.index_\1_\2.", name)
+        if name.endswith(".mlp.gate.e_score_correction_bias"):
+            name = name[: -len("mlp.gate.e_score_correction_bias")]
+            name += "block_sparse_moe.e_score_correction_bias"
+        name = _HF_MOE_RE.sub(r".block_sparse_moe.\1.", name)
+        m = _LAYER_RE.match(name)
+        layer = int(m.group(1)) if m is not None else -1
+        if 0 <= layer < len(mlp_layer_types) and mlp_layer_types[layer] == "dense":
+            # transformers 5.17 writes a dense layer's MLP as block_sparse_moe.
+            name = _DENSE_AS_MOE_RE.sub(r".mlp.\1.", name)
+
+        if name.endswith((".block_sparse_moe.experts.gate_up_proj",
+                          ".block_sparse_moe.experts.gate_up_proj.weight")):
+            # stacked experts [E, 2I, H], rows [gate; up] per expert
+            base = name[: name.rindex(".experts.") + len(".experts.")]
+            if w.dim() != 3:
+                raise ValueError(
+                    f"MiniMax-M3: stacked expert tensor {name!r} has shape "
+                    f"{tuple(w.shape)}; expected [experts, 2 * intermediate, hidden]."
+                )
+            gate, up = _split_rows(w, 1)
+            for e in range(w.shape[0]):
+                yield f"{base}{e}.w1.weight", gate[e]
+                yield f"{base}{e}.w3.weight", up[e]
+            continue
+        if name.endswith((".block_sparse_moe.experts.down_proj",
+                          ".block_sparse_moe.experts.down_proj.weight")):
+            # stacked experts [E, H, I]
+            base = name[: name.rindex(".experts.") + len(".experts.")]
+            if w.dim() != 3:
+                raise ValueError(
+                    f"MiniMax-M3: stacked expert tensor {name!r} has shape "
+                    f"{tuple(w.shape)}; expected [experts, hidden, intermediate]."
+                )
+            for e in range(w.shape[0]):
+                yield f"{base}{e}.w2.weight", w[e]
+            continue
+        if name.endswith(".gate_up_proj.weight") and (
+            ".mlp." in name or ".shared_experts." in name
+        ):
+            # fused dense MLP / shared expert [2I, H], rows [gate; up]
+            base = name[: -len("gate_up_proj.weight")]
+            gate, up = _split_rows(w, 0)
+            yield base + "gate_proj.weight", gate
+            yield base + "up_proj.weight", up
+            continue
+        yield name, w
 
 
 class MiniMaxM3DecoderLayer(nn.Module):
@@ -175,7 +271,9 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         expert_mapping = self.get_expert_mapping()
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        for name, w in self.hf_to_vllm_mapper.apply(weights):
+        for name, w in normalize_checkpoint_weights(
+            self.hf_to_vllm_mapper.apply(weights), list(self.config.mlp_layer_types)
+        ):
             if name.startswith(_SKIPPED_PREFIXES) or "rotary_emb.inv_freq" in name:
                 continue
             if self.config.tie_word_embeddings and name.startswith("lm_head."):
