@@ -138,6 +138,15 @@ _RUNNER = textwrap.dedent(
                 r.append(item)
             res.append(r)
         out["rounds"] = res
+        if spec.get("moe_probe"):
+            def _probe(model):
+                from vllm.models.minimax_m3.common.layers import MiniMaxM3MoE
+                return [
+                    {"fused": bool(m.fuse_shared_expert),
+                     "shared_mlp": m.shared_experts is not None,
+                     "experts": int(m.experts.w13_weight.shape[0])}
+                    for m in model.modules() if isinstance(m, MiniMaxM3MoE)]
+            out["moe_probe"] = llm.apply_model(_probe)[0]
         if spec.get("mm_probe"):
             from PIL import Image
             try:

@@ -11,6 +11,8 @@ Engines run in subprocesses (one fresh process each, shared per module):
   A  normalized form, fp32, page 16, chunked prefill (max_num_batched_tokens=64)
   B  legacy form, fp32, page 32, no chunking, prefix caching on, two rounds
   C  normalized form, bf16, page 32
+  F  as A with the shared expert fused into FusedMoE
+     (hf_overrides={"fuse_shared_expert": True})
   plus one fp32 engine per non-released tensor layout (transformers' in-memory
   state_dict; transformers 5.17's save_pretrained names) on the long prompt.
 Checkpoints come from whichever transformers is installed (>= 5.17); the
@@ -91,11 +93,18 @@ def _engine(ckpt, name, model, prompts, **kw):
     return res["rounds"]
 
 
+ENGINE_A_KW = dict(dtype="float32", block_size=16, max_model_len=256, max_num_seqs=4,
+                   max_num_batched_tokens=64, enable_prefix_caching=False)
+
+
 @pytest.fixture(scope="module")
 def engine_a(ckpt, prompts):
-    kw = dict(dtype="float32", block_size=16, max_model_len=256, max_num_seqs=4,
-              max_num_batched_tokens=64, enable_prefix_caching=False)
-    return _engine(ckpt, "a", ckpt["normalized"], prompts, llm_kwargs=kw)[0]
+    return _engine(ckpt, "a", ckpt["normalized"], prompts, llm_kwargs=ENGINE_A_KW)[0]
+
+
+# fused shared expert vs. the separate one, same engine settings: equal up to
+# float summation order
+FUSED_SAME_TOL = 3e-2 if torch.cuda.is_available() else 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +136,25 @@ def test_fp32_legacy_config_page32_prefix_cache_matches(engine_b, hf_ref):
     first, second = engine_b["rounds"]  # round 2 reuses cached prefix blocks
     _check_greedy(first, hf_ref)
     _check_greedy(second, hf_ref)
+
+
+def test_fp32_fused_shared_expert_matches(ckpt, prompts, engine_a, hf_ref):
+    """Shared expert fused into FusedMoE as expert id num_local_experts
+    (option fuse_shared_expert via hf_overrides): same tokens as the default
+    engine A and transformers, logprobs equal to A's up to summation order."""
+    kw = dict(ENGINE_A_KW, hf_overrides={"fuse_shared_expert": True})
+    res = run_vllm(str(ckpt["dir"] / "run_fused"), ckpt["normalized"], prompts,
+                   MAX_NEW, llm_kwargs=kw, moe_probe=True)
+    assert "error" not in res, res.get("traceback", res)
+    # the option took effect: 4 routed + 1 shared expert rows, no separate MLP
+    assert res["moe_probe"] == [
+        {"fused": True, "shared_mlp": False, "experts": 5}] * MLP_TYPES.count("sparse")
+    fused = res["rounds"][0]
+    _check_greedy(fused, hf_ref)
+    for i, (a, b) in enumerate(zip(engine_a, fused)):
+        assert a["tokens"] == b["tokens"], f"prompt {i}"
+        diff = max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"]))
+        assert diff < FUSED_SAME_TOL, f"prompt {i}: fused vs default {diff}"
 
 
 def test_image_input_is_refused(engine_b):

@@ -1,11 +1,42 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""MiniMax-M3 MLP, MoE and attention blocks (text backbone)."""
+"""MiniMax-M3 MLP, MoE and attention blocks (text backbone).
+
+Fused shared expert (option, off by default)
+--------------------------------------------
+By default the shared expert is a separate MLP (``MiniMaxM3MLP``) added to
+``FusedMoE``'s routed sum: ``routed_sum * routed_scaling_factor + shared``.
+
+With ``fuse_shared_expert`` set, the shared expert becomes one extra expert of
+the ``FusedMoE`` layer: expert id ``num_local_experts`` (the last rows of
+``w13_weight`` / ``w2_weight``), selected by every token. The router then
+returns ``top_k + 1`` experts: the routed ones with their renormalized weights
+multiplied by ``routed_scaling_factor`` (folded into the routing weights), and
+the shared expert with weight 1.0, so the ``FusedMoE`` output already equals
+``routed_sum * routed_scaling_factor + shared`` and no scaling follows it.
+The shared expert's checkpoint tensors
+(``shared_experts.{gate,up,down}_proj``) are loaded into that expert's rows
+(``common/model.py``). On GPU this relies on the ported vllm#51632 fix (the
+Triton experts align over ``w1.shape[0]`` rather than ``global_num_experts``
+when there is no expert map); without it the extra expert id is dropped.
+
+Enable it through hf_overrides, either form:
+
+* ``--hf-overrides '{"fuse_shared_expert": true}'`` (top-level config key), or
+* ``--hf-overrides '{"text_config": {"fuse_shared_expert": true}}'``.
+
+The text config's value wins when both are set; the default is False.
+Refused (ValueError at model construction) with expert parallelism (the extra
+expert would need to be placed/replicated on every EP rank), with any
+quantization (only unquantized experts are handled), and when
+``shared_intermediate_size != intermediate_size`` (the extra expert must have
+the routed experts' shape).
+"""
 
 import torch
 from torch import nn
 
-from vllm.config import CacheConfig
+from vllm.config import CacheConfig, get_current_vllm_config_or_none
 from vllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -88,7 +119,12 @@ class MiniMaxM3MoE(nn.Module):
                 f"{config.swiglu_alpha} / {config.swiglu_limit}."
             )
         n_exp = config.num_local_experts
+        self.n_routed_experts = n_exp
         self.routed_scaling_factor = float(config.routed_scaling_factor)
+        self.fuse_shared_expert = fuse_shared_expert_enabled(config)
+        if self.fuse_shared_expert:
+            _check_fused_shared_expert(config, quant_config)
+        n_fused = 1 if self.fuse_shared_expert else 0
         self.gate = ReplicatedLinear(
             config.hidden_size,
             n_exp,
@@ -100,8 +136,8 @@ class MiniMaxM3MoE(nn.Module):
             torch.zeros(n_exp, dtype=torch.float32), requires_grad=False
         )
         self.experts = FusedMoE(
-            num_experts=n_exp,
-            top_k=config.num_experts_per_tok,
+            num_experts=n_exp + n_fused,
+            top_k=config.num_experts_per_tok + n_fused,
             hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size,
             renormalize=True,
@@ -110,22 +146,33 @@ class MiniMaxM3MoE(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
-        self.shared_experts = MiniMaxM3MLP(
-            config,
-            config.hidden_size,
-            config.shared_intermediate_size,
-            quant_config,
-            f"{prefix}.shared_experts",
-        )
+        if self.fuse_shared_expert:
+            # In FusedMoE as expert id n_exp; loaded there by model.py.
+            self.shared_experts = None
+        else:
+            self.shared_experts = MiniMaxM3MLP(
+                config,
+                config.hidden_size,
+                config.shared_intermediate_size,
+                quant_config,
+                f"{prefix}.shared_experts",
+            )
         self._interleaved = False
 
     def _route(self, hidden_states, gating_output, topk, renormalize):
+        n_routed = topk - 1 if self.fuse_shared_expert else topk
         scores = gating_output.float().sigmoid()
         biased = scores + self.e_score_correction_bias.float()
-        _, ids = torch.topk(biased, topk, dim=-1, sorted=False)
+        _, ids = torch.topk(biased, n_routed, dim=-1, sorted=False)
         weights = scores.gather(1, ids)
         if renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.fuse_shared_expert:
+            # routed * scale + shared * 1 == routed_sum * scale + shared
+            weights = weights * self.routed_scaling_factor
+            shared_id = torch.full_like(ids[:, :1], self.n_routed_experts)
+            ids = torch.cat((ids, shared_id), dim=-1)
+            weights = torch.cat((weights, torch.ones_like(weights[:, :1])), dim=-1)
         return weights, ids.to(torch.int32)
 
     def interleave_gate_up(self) -> None:
@@ -150,10 +197,49 @@ class MiniMaxM3MoE(nn.Module):
         self._interleaved = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared = self.shared_experts(x)
         logits, _ = self.gate(x)
+        if self.fuse_shared_expert:
+            # scale and shared expert are inside (see _route)
+            return self.experts(hidden_states=x, router_logits=logits)
+        shared = self.shared_experts(x)
         routed = self.experts(hidden_states=x, router_logits=logits)
         return routed * self.routed_scaling_factor + shared
+
+
+def fuse_shared_expert_enabled(config, top_config=None) -> bool:
+    """``fuse_shared_expert`` from the text config, else from the top-level
+    config (flat ``hf_overrides`` land there), else False."""
+    val = getattr(config, "fuse_shared_expert", None)
+    if val is None:
+        if top_config is None:
+            vc = get_current_vllm_config_or_none()
+            top_config = vc.model_config.hf_config if vc is not None else None
+        val = getattr(top_config, "fuse_shared_expert", None)
+    if val is None:
+        return False
+    if not isinstance(val, bool):
+        raise ValueError(
+            f"MiniMax-M3: fuse_shared_expert must be true or false, got {val!r}."
+        )
+    return val
+
+
+def _check_fused_shared_expert(config, quant_config) -> None:
+    why = None
+    vc = get_current_vllm_config_or_none()
+    if vc is not None and vc.parallel_config.enable_expert_parallel:
+        why = "expert parallelism is enabled (the extra expert is not in the expert map)"
+    elif quant_config is not None:
+        why = (f"quantization {quant_config.get_name()!r} is set (only unquantized "
+               "experts are handled)")
+    elif config.shared_intermediate_size != config.intermediate_size:
+        why = (f"shared_intermediate_size {config.shared_intermediate_size} != "
+               f"intermediate_size {config.intermediate_size}")
+    if why is not None:
+        raise ValueError(
+            f"MiniMax-M3: fuse_shared_expert cannot be used: {why}. Drop "
+            "fuse_shared_expert from --hf-overrides to use the separate shared expert."
+        )
 
 
 def _local_kv_heads(total_kv: int) -> tuple[int, int]:

@@ -19,6 +19,12 @@ released names first:
   [E, H, I].
 
 Vision tensors are skipped: this is the language model only.
+
+With the ``fuse_shared_expert`` option (see ``layers.py``; enable with
+``--hf-overrides '{"fuse_shared_expert": true}'``) the shared expert's
+``block_sparse_moe.shared_experts.{gate,up,down}_proj`` tensors are loaded
+into the FusedMoE layer as expert ``num_local_experts`` (``w13`` gate/up
+shards, ``w2``) instead of a separate MLP.
 """
 
 import re
@@ -43,7 +49,12 @@ from vllm.transformers_utils.configs.minimax_m3 import (
     validate_minimax_m3_text_config,
 )
 
-from .layers import MiniMaxM3Attention, MiniMaxM3MLP, MiniMaxM3MoE
+from .layers import (
+    MiniMaxM3Attention,
+    MiniMaxM3MLP,
+    MiniMaxM3MoE,
+    fuse_shared_expert_enabled,
+)
 
 # Checkpoint prefixes that belong to the vision tower / projector / MTP.
 _SKIPPED_PREFIXES = (
@@ -61,6 +72,12 @@ _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 _INDEXER_RE = re.compile(r"\.self_attn\.indexer\.([qk])_(proj|norm)\.")
 _HF_MOE_RE = re.compile(r"\.mlp\.(experts|gate|shared_experts)\.")
 _DENSE_AS_MOE_RE = re.compile(r"\.block_sparse_moe\.(gate_proj|up_proj|down_proj)\.")
+# fused shared expert: checkpoint projection -> (FusedMoE parameter, shard id)
+_FUSED_SHARED = {"gate_proj": ("w13_weight", "w1"), "up_proj": ("w13_weight", "w3"),
+                 "down_proj": ("w2_weight", "w2")}
+_SHARED_RE = re.compile(
+    r"^(.*\.block_sparse_moe\.)shared_experts\.(gate_proj|up_proj|down_proj)\.weight$"
+)
 
 
 def _split_rows(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,6 +241,9 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         super().__init__()
         config = _text_config(vllm_config)
         self.config = config
+        self.fuse_shared_expert = fuse_shared_expert_enabled(
+            config, vllm_config.model_config.hf_config
+        )
         self.model = MiniMaxM3Model(vllm_config, config, maybe_prefix(prefix, "model"))
         self.lm_head = ParallelLMHead(
             config.vocab_size,
@@ -277,6 +297,18 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
             if name.startswith(_SKIPPED_PREFIXES) or "rotary_emb.inv_freq" in name:
                 continue
             if self.config.tie_word_embeddings and name.startswith("lm_head."):
+                continue
+            m = _SHARED_RE.match(name) if self.fuse_shared_expert else None
+            if m is not None:
+                # shared expert -> the extra FusedMoE expert (id n_routed)
+                param_name, shard_id = _FUSED_SHARED[m.group(2)]
+                name = f"{m.group(1)}experts.{param_name}"
+                param = params[name]
+                param.weight_loader(
+                    param, w, name, shard_id=shard_id,
+                    expert_id=self.config.num_local_experts,
+                )
+                loaded.add(name)
                 continue
             if ".index_q_proj." in name or ".index_k_proj." in name:
                 pass  # plain replicated linears, loaded below
