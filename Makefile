@@ -53,7 +53,7 @@ demo: install-cpu
 test: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) tests vllm_overlay/tests
 
-test-series: $(VENV)/.test-ok
+test-series: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) tests/series
 
 # Maintainer workflows (README.md, "Maintainer workflows").
