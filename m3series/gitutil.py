@@ -123,6 +123,12 @@ def changed_files(repo: git.Repo, old: str, new: str) -> list[tuple[str, str]]:
     return [(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
 
 
+def resolve(repo: git.Repo, spec: str) -> str | None:
+    """The object name `spec` resolves to (`git rev-parse --verify`), or None."""
+    rc, out, _ = run_full(repo, "rev-parse", "--verify", "--quiet", spec)
+    return out.strip() if rc == 0 else None
+
+
 def show_file(repo: git.Repo, rev: str, path: str) -> bytes:
     return raw(repo, "cat-file", "blob", f"{rev}:{path}")
 

@@ -101,11 +101,10 @@ def change_from_commit(repo_path: Path, rev: str, what: str) -> Change:
         repo = git.Repo(repo_path)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         raise SeriesError(f"{what} {repo_path} is not a git repository") from None
-    rc, sha, _ = gitutil.run_full(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
-    if rc:
+    sha = gitutil.resolve(repo, f"{rev}^{{commit}}")
+    if sha is None:
         raise SeriesError(f"{rev!r} is not a commit of {repo_path} "
                           f"(`git -C {repo_path} log --oneline` lists them; fetch it first?)")
-    sha = sha.strip()
     parents = gitutil.run(repo, "rev-list", "--parents", "-n1", sha).split()[1:]
     if len(parents) != 1:
         raise SeriesError(f"{rev} ({sha[:12]}) is a merge or root commit; import the commit "

@@ -184,8 +184,8 @@ def resolve_onto(onto: str, vllm_src: str | None = None) -> NewBase:
             repo = git.Repo(path)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise SeriesError(f"--vllm-src {path} is not a git clone of vLLM") from None
-        rc, sha, _ = gitutil.run_full(repo, "rev-parse", "--verify", "--quiet", f"{onto}^{{commit}}")
-        if rc:
+        sha = gitutil.resolve(repo, f"{onto}^{{commit}}")
+        if sha is None:
             raise SeriesError(f"{onto!r} is not a commit, tag or branch of {path}; "
                               f"`git -C {path} fetch --tags` and check the name")
         m = VERSION_RE.match(onto)
@@ -350,8 +350,7 @@ class EntryResult:
 
 
 def _blob_at(repo: git.Repo, rev: str, path: str) -> str | None:
-    rc, out, _ = gitutil.run_full(repo, "rev-parse", "--verify", "--quiet", f"{rev}:{path}")
-    return out.strip() if rc == 0 else None
+    return gitutil.resolve(repo, f"{rev}:{path}")
 
 
 def _text_at(repo: git.Repo, rev: str, path: str) -> str | None:
@@ -370,11 +369,11 @@ def copy_preimages(old: git.Repo, new: git.Repo, files: list[FileDiff]) -> list[
         rc, _, _ = gitutil.run_full(new, "cat-file", "-e", f"{f.old_blob}^{{blob}}")
         if rc == 0:
             continue
-        rc, full, _ = gitutil.run_full(old, "rev-parse", "--verify", "--quiet", f"{f.old_blob}^{{blob}}")
-        if rc:
+        full = gitutil.resolve(old, f"{f.old_blob}^{{blob}}")
+        if full is None:
             missing.append(f.path)
             continue
-        data = gitutil.raw(old, "cat-file", "blob", full.strip())
+        data = gitutil.raw(old, "cat-file", "blob", full)
         gitutil.run(new, "hash-object", "-w", "--stdin", stdin=data)
     return missing
 
