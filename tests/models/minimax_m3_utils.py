@@ -117,9 +117,9 @@ _RUNNER = textwrap.dedent(
     out = {}
     try:
         from vllm import LLM, SamplingParams
-        llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True,
-                  gpu_memory_utilization=0.3, kv_cache_memory_bytes=64 << 20,
-                  **spec["llm_kwargs"])
+        kw = dict(gpu_memory_utilization=0.3, kv_cache_memory_bytes=64 << 20)
+        kw.update(spec["llm_kwargs"])
+        llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, **kw)
         res = []
         for rnd in range(spec.get("rounds", 1)):
             sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0,
@@ -138,6 +138,10 @@ _RUNNER = textwrap.dedent(
                 r.append(item)
             res.append(r)
         out["rounds"] = res
+        if spec.get("preemption_probe"):
+            out["preemptions"] = sum(
+                getattr(m, "value", 0) for m in llm.get_metrics()
+                if m.name == "vllm:num_preemptions")
         if spec.get("moe_probe"):
             def _probe(model):
                 from vllm.models.minimax_m3.common.layers import MiniMaxM3MoE

@@ -132,6 +132,22 @@ def test_fp32_chunked_prefill_page16_matches_transformers(engine_a, hf_ref):
     _check_greedy(engine_a, hf_ref)
 
 
+def test_fp32_preemption_and_recompute_match_transformers(ckpt):
+    """Four requests whose decodes outgrow a 12-page KV cache: the scheduler preempts one
+    and recomputes it later (K/V and index keys alike); every output still equals
+    transformers' (80 tokens each: 3 sparse blocks against top-2, selection active)."""
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 500, (40,), generator=g).tolist() for _ in range(4)]
+    kw = dict(ENGINE_A_KW, max_model_len=128, num_gpu_blocks_override=12,
+              disable_log_stats=False)
+    res = run_vllm(str(ckpt["dir"] / "run_preempt"), ckpt["normalized"], prompts, 40,
+                   llm_kwargs=kw, preemption_probe=True)
+    assert "error" not in res, res.get("traceback", res)
+    assert res["preemptions"] > 0, "the 12-page KV cache should have forced a preemption"
+    m = _hf(ckpt["normalized"])
+    _check_greedy(res["rounds"][0], [hf_greedy(m, p, 40) for p in prompts], lens=[40] * 4)
+
+
 def test_fp32_legacy_config_page32_prefix_cache_matches(engine_b, hf_ref):
     first, second = engine_b["rounds"]  # round 2 reuses cached prefix blocks
     _check_greedy(first, hf_ref)
