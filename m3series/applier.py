@@ -43,10 +43,9 @@ def resolve_base(pin: BasePin, vllm_src: str | None = None, sdist: str | None = 
     """Pick the base source in the documented order: git clone, local sdist, package index."""
     if vllm_src:
         path = Path(vllm_src).expanduser().resolve()
-        try:
-            repo = git.Repo(path)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise SeriesError(f"VLLM_SRC={path} is not a git clone of vLLM") from None
+        repo = gitutil.open_repo(path)
+        if repo is None:
+            raise SeriesError(f"VLLM_SRC={path} is not a git clone of vLLM")
         sha = gitutil.head(repo)
         if not sha.startswith(pin.commit):
             raise SeriesError(

@@ -123,6 +123,14 @@ def changed_files(repo: git.Repo, old: str, new: str) -> list[tuple[str, str]]:
     return [(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
 
 
+def open_repo(path: Path | str) -> git.Repo | None:
+    """The git repository at `path`, or None if there is none."""
+    try:
+        return git.Repo(path)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return None
+
+
 def resolve(repo: git.Repo, spec: str) -> str | None:
     """The object name `spec` resolves to (`git rev-parse --verify`), or None."""
     rc, out, _ = run_full(repo, "rev-parse", "--verify", "--quiet", spec)

@@ -97,10 +97,9 @@ def change_from_patch_file(path: Path, subject: str | None = None) -> Change:
 
 
 def change_from_commit(repo_path: Path, rev: str, what: str) -> Change:
-    try:
-        repo = git.Repo(repo_path)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        raise SeriesError(f"{what} {repo_path} is not a git repository") from None
+    repo = gitutil.open_repo(repo_path)
+    if repo is None:
+        raise SeriesError(f"{what} {repo_path} is not a git repository")
     sha = gitutil.resolve(repo, f"{rev}^{{commit}}")
     if sha is None:
         raise SeriesError(f"{rev!r} is not a commit of {repo_path} "

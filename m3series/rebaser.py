@@ -180,10 +180,9 @@ def resolve_onto(onto: str, vllm_src: str | None = None) -> NewBase:
     """--onto as a git ref (with --vllm-src), a local sdist, or a release version."""
     if vllm_src:
         path = Path(vllm_src).expanduser().resolve()
-        try:
-            repo = git.Repo(path)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise SeriesError(f"--vllm-src {path} is not a git clone of vLLM") from None
+        repo = gitutil.open_repo(path)
+        if repo is None:
+            raise SeriesError(f"--vllm-src {path} is not a git clone of vLLM")
         sha = gitutil.resolve(repo, f"{onto}^{{commit}}")
         if sha is None:
             raise SeriesError(f"{onto!r} is not a commit, tag or branch of {path}; "
