@@ -3,14 +3,22 @@
 #   kernels  tests/kernels + vllm_overlay/tests (Triton MSA kernels, bf16/fp8, real shapes)
 #   fixes    tests/fixes (vllm#51632 fused shared expert; #51585 needs build/vllm and is CPU-only)
 #   models   tests/models (MiniMax-M3 vs transformers; on CUDA the sparse backend uses Triton)
+#   graphs   tests/models/test_minimax_m3_gpu.py (CUDA graphs change no token; TP2 == TP1)
+#   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
+#            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
+#   fp8ckpt  tests/models/test_minimax_m3_fp8_dynamic.py (compressed-tensors FP8-dynamic)
 # Run on the GPU machine after `bash .gpu/recv.sh install && . /tmp/gpu-env.sh`.
 # RUN_SUITES="models" runs a subset. Writes $OUT/gpu_tests.md (dated table), junit XML and logs per suite.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
-declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models")
+declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models"
+  [graphs]="tests/models/test_minimax_m3_gpu.py" [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
+  [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'")
+declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1")
 BUDGET=${SUITE_TIMEOUT:-400}
 for s in ${RUN_SUITES:-kernels fixes models}; do
-  timeout "$BUDGET" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" ${SUITES[$s]} \
+  eval "set -- ${SUITES[$s]}"  # a suite may quote a -k expression
+  env ${SUITE_ENV[$s]:-} timeout "$BUDGET" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \
     > "$OUT/$s.log" 2>&1
   echo "$s: exit $?" | tee -a "$OUT/exit_codes.txt"
   tail -3 "$OUT/$s.log"

@@ -119,7 +119,12 @@ _RUNNER = textwrap.dedent(
         from vllm import LLM, SamplingParams
         kw = dict(gpu_memory_utilization=0.3, kv_cache_memory_bytes=64 << 20)
         kw.update(spec["llm_kwargs"])
-        llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, **kw)
+        if spec.get("setup"):  # source run in the engine's process before it starts
+            exec(spec["setup"], {})
+        if spec.get("graphs"):  # torch.compile + FULL_AND_PIECEWISE CUDA graphs
+            kw.setdefault("compilation_config", {"cudagraph_mode": "FULL_AND_PIECEWISE"})
+        llm = LLM(model=spec["model"], skip_tokenizer_init=True,
+                  enforce_eager=not spec.get("graphs"), **kw)
         res = []
         for rnd in range(spec.get("rounds", 1)):
             sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0,
@@ -151,6 +156,10 @@ _RUNNER = textwrap.dedent(
                      "experts": int(m.experts.w13_weight.shape[0])}
                     for m in model.modules() if isinstance(m, MiniMaxM3MoE)]
             out["moe_probe"] = llm.apply_model(_probe)[0]
+        if spec.get("probe"):  # source defining probe(model) -> JSON-able value
+            ns = {}
+            exec(spec["probe"], ns)
+            out["probe"] = llm.apply_model(ns["probe"])[0]
         if spec.get("mm_probe"):
             from PIL import Image
             try:
@@ -169,9 +178,17 @@ _RUNNER = textwrap.dedent(
 )
 
 
+def graphs_requested() -> bool:
+    """``M3_TEST_GRAPHS=1``: engines compile the model and use vLLM's default
+    CUDA-graph mode (FULL_AND_PIECEWISE) instead of running eagerly."""
+    return os.environ.get("M3_TEST_GRAPHS", "0") == "1"
+
+
 def run_vllm(workdir: str, model: str, prompts, max_tokens: int, timeout=600, **kw):
-    """Run one vLLM engine in a fresh process; returns the runner's JSON."""
+    """Run one vLLM engine in a fresh process; returns the runner's JSON.
+    ``graphs=True`` (default: ``M3_TEST_GRAPHS``) compiles and captures graphs."""
     os.makedirs(workdir, exist_ok=True)
+    kw.setdefault("graphs", graphs_requested())
     spec = dict(
         model=model,
         prompts=prompts,

@@ -96,8 +96,9 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         self.kv_cache_dtype = cache_config.cache_dtype if cache_config else "auto"
         self.dtype = torch.get_default_dtype()
         self.cache_torch_dtype = _sparse_cache_dtype(self.kv_cache_dtype, self.dtype)
-        # Scalar FP8 scales (1.0 unless set; checkpoints' k/v scales are not
-        # loaded yet for sparse layers).
+        # Scalar FP8 KV scales: 1.0 unless the checkpoint has k/v scales, which
+        # load_weights copies in place (keep them registered float32 scalars:
+        # the kernels and captured CUDA graphs read them by address).
         self.register_buffer("_k_scale", torch.ones((), dtype=torch.float32))
         self.register_buffer("_v_scale", torch.ones((), dtype=torch.float32))
         block_size = cache_config.block_size if cache_config else None

@@ -12,8 +12,10 @@ Both use the same metadata: per query token its request and absolute
 position, which is all the ops in ``sparse_ops`` need next to the block table.
 """
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -28,6 +30,7 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
     MultipleOf,
 )
+from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import sparse_ops
@@ -35,25 +38,54 @@ from . import sparse_ops
 logger = init_logger(__name__)
 
 
-def select_sparse_ops(device: torch.device):
+class SparseOps(NamedTuple):
+    """The three device ops of a sparse layer (same signatures on every path)."""
+
+    write_cache: Callable  # write_sparse_cache(k, v, idx_k, kv_cache, idx_cache, slots, ks, vs)
+    index_block_topk: Callable
+    block_sparse_attention: Callable
+    triton: bool
+
+
+def select_sparse_ops(device: torch.device) -> SparseOps:
     """THE dispatch point between the torch reference and the Triton ops.
 
     On CUDA/ROCm the Triton kernels are used when
     ``vllm.models.minimax_m3.common.triton_ops`` imports; everywhere else
     (CPU) the PyTorch reference in ``sparse_ops`` runs.
-    Returns ``(index_block_topk, block_sparse_attention)``.
     """
     if device.type == "cuda":
         try:
-            from vllm.models.minimax_m3.common import triton_ops  # noqa: F401
+            from vllm.models.minimax_m3.common import triton_ops
 
-            return triton_ops.index_block_topk, triton_ops.block_sparse_attention
+            return SparseOps(
+                triton_ops.write_sparse_cache,
+                triton_ops.index_block_topk,
+                triton_ops.block_sparse_attention,
+                True,
+            )
         except ImportError:
             logger.warning_once(
                 "MiniMax-M3: Triton MSA ops unavailable; using the PyTorch "
-                "reference sparse attention (slow)."
+                "reference sparse attention (slow, not CUDA-graph capturable)."
             )
-    return sparse_ops.index_block_topk, sparse_ops.block_sparse_attention
+    return SparseOps(
+        sparse_ops.write_sparse_cache,
+        sparse_ops.index_block_topk,
+        sparse_ops.block_sparse_attention,
+        False,
+    )
+
+
+def fold_scalar_kv_scales() -> bool:
+    """``VLLM_MINIMAX_M3_FOLD_KV_SCALE`` (default 1): fold scalar FP8 KV scales
+    out of the attention inner loop; 0 scales every K/V element (A/B only)."""
+    value = os.environ.get("VLLM_MINIMAX_M3_FOLD_KV_SCALE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"VLLM_MINIMAX_M3_FOLD_KV_SCALE must be 0 or 1, got {value!r}"
+        )
+    return value == "1"
 
 
 @dataclass
@@ -64,10 +96,30 @@ class MiniMaxM3SparseMetadata:
     token_pos: torch.Tensor  # [T] int32
     seq_lens: torch.Tensor  # [R] int32
     slot_mapping: torch.Tensor  # [T] int64, -1 for padding
+    # decode tokens come first (reorder_batch_threshold = 1); only picks the
+    # Triton indexer's path, both paths give the same selection
+    num_decode_tokens: int = 0
 
 
 class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMetadata]):
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    """Per-token request index and absolute position, in persistent buffers.
+
+    CUDA graphs: FULL graphs for uniform batches (decode), PIECEWISE (the
+    sparse op runs eagerly between graph pieces) for everything else. The
+    metadata lives in buffers allocated once here, so a captured graph reads
+    each step's values at stable addresses; no kernel launch shape depends on
+    their values. ``build`` derives the token layout on the device from
+    ``query_start_loc`` and ``seq_lens`` (the CPU offsets only choose the
+    indexer's decode path, which does not change results);
+    ``build_for_cudagraph_capture`` derives it from the uniform batch shape,
+    so it stays valid when another backend's builder rewrote the shared
+    offsets during capture (the bug class of vllm#51585). Tokens past the last
+    request (padding of a graph batch) get request 0, position 0 and a -1
+    slot: they read a valid page, write nothing, and the runner drops them.
+    """
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    reorder_batch_threshold: int | None = 1
 
     def __init__(
         self,
@@ -77,6 +129,12 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        sched = vllm_config.scheduler_config
+        capture = vllm_config.compilation_config.max_cudagraph_capture_size or 0
+        self.max_tokens = max(sched.max_num_batched_tokens, capture)
+        self._arange = torch.arange(self.max_tokens, dtype=torch.int32, device=device)
+        self._token_req = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
+        self._token_pos = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
 
     def build(
         self,
@@ -85,24 +143,79 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
         fast_build: bool = False,
     ) -> MiniMaxM3SparseMetadata:
         cm = common_attn_metadata
-        T = cm.num_actual_tokens
-        R = cm.num_reqs
-        qsl = cm.query_start_loc[: R + 1]
-        q_lens = qsl[1:] - qsl[:-1]
-        seq_lens = cm.seq_lens[:R]
-        reqs = torch.arange(R, device=qsl.device, dtype=torch.int32)
-        token_req = torch.repeat_interleave(reqs, q_lens, output_size=T)
-        offs = torch.arange(T, device=qsl.device, dtype=torch.int32)
-        offs = offs - qsl[:-1][token_req.long()]
-        start = (seq_lens - q_lens)[token_req.long()]
+        T, R = self._check_size(cm)
+        token_req, token_pos = token_request_positions(
+            cm.query_start_loc[: R + 1], cm.seq_lens[:R], self._arange[:T]
+        )
+        _, _, num_decode_tokens, _ = split_decodes_and_prefills(cm, decode_threshold=1)
+        return self._metadata(cm, token_req, token_pos, num_decode_tokens)
+
+    def build_for_cudagraph_capture(
+        self, common_attn_metadata: CommonAttentionMetadata
+    ) -> MiniMaxM3SparseMetadata:
+        """Capture builds only uniform batches (R requests x q tokens), so the
+        token layout follows from the shape alone. It does not read the query
+        offsets, which a builder that ran before this one may have zeroed for
+        its own capture (both copies, in v0.23.0's ROCm builder)."""
+        cm = common_attn_metadata
+        T, R = self._check_size(cm)
+        q = cm.max_query_len
+        if q < 1 or R * q != T:
+            raise RuntimeError(
+                "MiniMax-M3 sparse attention: CUDA-graph capture expects a "
+                f"uniform batch, got {T} tokens for {R} requests with "
+                f"max_query_len {q}; capture only uniform decode batches "
+                '(e.g. --compilation-config \'{"cudagraph_mode": '
+                '"FULL_AND_PIECEWISE"}\') or run with --enforce-eager.'
+            )
+        tokens = self._arange[:T]
+        req = (tokens // q).long()
+        pos = cm.seq_lens[:R].to(torch.int32)[req] - q + tokens % q
+        token_req, token_pos = req.to(torch.int32), pos.clamp(min=0).to(torch.int32)
+        return self._metadata(cm, token_req, token_pos, T if q == 1 else 0)
+
+    def _check_size(self, cm: CommonAttentionMetadata) -> tuple[int, int]:
+        if cm.num_actual_tokens > self.max_tokens:
+            raise ValueError(
+                f"MiniMax-M3 sparse attention: a batch of {cm.num_actual_tokens} "
+                f"tokens exceeds the {self.max_tokens} this backend was sized "
+                "for (max_num_batched_tokens)."
+            )
+        return cm.num_actual_tokens, cm.num_reqs
+
+    def _metadata(self, cm, token_req, token_pos, num_decode_tokens):
+        T, R = cm.num_actual_tokens, cm.num_reqs
+        self._token_req[:T].copy_(token_req)
+        self._token_pos[:T].copy_(token_pos)
         return MiniMaxM3SparseMetadata(
             num_actual_tokens=T,
             block_table=cm.block_table_tensor[:R],
-            token_req=token_req.to(torch.int32),
-            token_pos=(start + offs).to(torch.int32),
-            seq_lens=seq_lens.to(torch.int32),
+            token_req=self._token_req[:T],
+            token_pos=self._token_pos[:T],
+            seq_lens=cm.seq_lens[:R],
             slot_mapping=cm.slot_mapping[:T],
+            num_decode_tokens=num_decode_tokens,
         )
+
+
+def token_request_positions(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request index and absolute position of each token (int32, device ops
+    only). Tokens at or past ``query_start_loc[-1]`` (graph padding) get
+    request 0 and position 0."""
+    ends = query_start_loc[1:].to(torch.int32)
+    req = torch.searchsorted(ends, tokens, right=True, out_int32=True)
+    valid = req < ends.shape[0]
+    req = req.clamp(max=max(ends.shape[0] - 1, 0)).long()
+    starts = query_start_loc[:-1].to(torch.int32)
+    q_lens = ends - starts
+    pos = (seq_lens.to(torch.int32) - q_lens)[req] + (tokens - starts[req])
+    zero = torch.zeros_like(tokens)
+    return (
+        torch.where(valid, req.to(torch.int32), zero),
+        torch.where(valid, pos.to(torch.int32), zero),
+    )
 
 
 class _MiniMaxM3BackendBase(AttentionBackend):
@@ -182,16 +295,6 @@ class MiniMaxM3IndexerBackend(_MiniMaxM3BackendBase):
         return (num_blocks, block_size, head_size)
 
 
-def _write_pages(cache_tok: torch.Tensor, x: torch.Tensor, slots: torch.Tensor):
-    """cache_tok: [num_pages, page_size, ...]; write x[i] at slots[i] (>= 0)."""
-    valid = slots >= 0
-    if not bool(valid.all()):
-        x, slots = x[valid], slots[valid]
-    page_size = cache_tok.shape[1]
-    slots = slots.long()
-    cache_tok[slots // page_size, slots % page_size] = x.to(cache_tok.dtype)
-
-
 class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
     """Block-sparse GQA attention with a lightning-indexer block selection."""
 
@@ -223,7 +326,8 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         self.topk_blocks = topk_blocks
         self.local_blocks = local_blocks
         self.init_blocks = init_blocks
-        self._ops = None
+        self.fold_scalar_scales = fold_scalar_kv_scales()
+        self._ops: SparseOps | None = None
 
     def forward(  # type: ignore[override]
         self,
@@ -248,18 +352,15 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             )
         if self._ops is None:
             self._ops = select_sparse_ops(q.device)
-        index_block_topk, block_sparse_attention = self._ops
-        slots = md.slot_mapping
+        ops = self._ops
         mode, k_scale, v_scale = 0, None, None
-        if self.fp8:  # scalar scales: cache holds x / scale in e4m3
+        if self.fp8:  # scalar scales: the cache holds x / scale in e4m3
             mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
-            fmax = torch.finfo(torch.float8_e4m3fn).max
-            k = (k.float() / k_scale).clamp(-fmax, fmax)
-            v = (v.float() / v_scale).clamp(-fmax, fmax)
-        _write_pages(kv_cache[:, 0], k[:T], slots)
-        _write_pages(kv_cache[:, 1], v[:T], slots)
-        _write_pages(idx_cache, idx_k[:T], slots)
-        topk = index_block_topk(
+        ops.write_cache(
+            k[:T], v[:T], idx_k[:T], kv_cache, idx_cache, md.slot_mapping,
+            k_scale, v_scale,
+        )
+        topk = ops.index_block_topk(
             idx_q[:T],
             idx_cache,
             md.block_table,
@@ -269,8 +370,9 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             self.topk_blocks,
             self.local_blocks,
             self.init_blocks,
+            **({"num_decode_tokens": md.num_decode_tokens} if ops.triton else {}),
         )
-        out = block_sparse_attention(
+        out = ops.block_sparse_attention(
             q[:T],
             kv_cache,
             md.block_table,
@@ -283,6 +385,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             k_scale,
             v_scale,
             None,
+            **({"fold_scalar_scales": self.fold_scalar_scales} if ops.triton else {}),
         )
         output[:T] = out
         return output

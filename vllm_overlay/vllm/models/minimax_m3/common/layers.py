@@ -31,6 +31,21 @@ expert would need to be placed/replicated on every EP rank), with any
 quantization (only unquantized experts are handled), and when
 ``shared_intermediate_size != intermediate_size`` (the extra expert must have
 the routed experts' shape).
+
+Gate/up row order and quantized experts
+---------------------------------------
+Checkpoints keep each expert's gate (w1) and up (w3) apart; vLLM's swigluoai
+experts read them interleaved from the rows of ``w13`` (gate = even rows,
+up = odd rows). ``model.py`` pairs each expert's w1/w3 tensors while loading
+and hands FusedMoE's loader the pair from ``interleave_gate_up_rows``, so the
+rows land interleaved on every TP rank. That happens on the checkpoint
+tensors, before any quant method's ``process_weights_after_loading`` (which
+may repack or requantize), and applies to the weight and to per-channel
+scales alike: unquantized experts and per-channel FP8 checkpoints
+(compressed-tensors FP8-dynamic) are served. Other expert schemes are
+refused when the layer is built (``_check_gate_up_layout``): block FP8 and
+per-shard tensor scales (one scale would cover rows of both gate and up after
+interleaving) and MX / packed layouts (not handled yet).
 """
 
 import torch
@@ -42,7 +57,7 @@ from vllm.distributed import (
     get_tensor_model_parallel_world_size,
 )
 from vllm.model_executor.layers.attention import Attention
-from vllm.model_executor.layers.fused_moe import FusedMoE
+from vllm.model_executor.layers.fused_moe import FusedMoE, FusedMoeWeightScaleSupported
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm
 from vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
@@ -146,6 +161,7 @@ class MiniMaxM3MoE(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
         )
+        _check_gate_up_layout(self.experts, config.intermediate_size)
         if self.fuse_shared_expert:
             # In FusedMoE as expert id n_exp; loaded there by model.py.
             self.shared_experts = None
@@ -157,7 +173,6 @@ class MiniMaxM3MoE(nn.Module):
                 quant_config,
                 f"{prefix}.shared_experts",
             )
-        self._interleaved = False
 
     def _route(self, hidden_states, gating_output, topk, renormalize):
         n_routed = topk - 1 if self.fuse_shared_expert else topk
@@ -175,26 +190,18 @@ class MiniMaxM3MoE(nn.Module):
             weights = torch.cat((weights, torch.ones_like(weights[:, :1])), dim=-1)
         return weights, ids.to(torch.int32)
 
-    def interleave_gate_up(self) -> None:
-        """Checkpoint experts are [gate | up]; vLLM's swigluoai experts read
-        gate/up interleaved (gate = x[..., ::2]). Reorder w13 rows once."""
-        if self._interleaved:
-            return
-        w13 = self.experts.w13_weight
-        rows = w13.shape[1]
-        for name, p in list(self.experts.named_parameters(recurse=False)):
-            if not name.startswith("w13"):
-                continue
-            if p.dim() < 2 or p.shape[1] != rows:
-                raise NotImplementedError(
-                    f"MiniMax-M3: cannot reorder expert parameter {name} "
-                    f"{tuple(p.shape)} for swigluoai; this quantization scheme "
-                    "is not supported yet."
-                )
-            d = p.data
-            gate, up = d.chunk(2, dim=1)
-            d.copy_(torch.stack((gate, up), dim=2).reshape(d.shape))
-        self._interleaved = True
+    def interleave_gate_up(
+        self, gate: torch.Tensor, up: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checkpoint experts keep gate (w1) and up (w3) apart; vLLM's
+        swigluoai experts read them interleaved from w13's rows (gate =
+        x[..., 0::2], up = x[..., 1::2]). Returns the two tensors to load as
+        the w1 and w3 shards (through FusedMoE's weight loader, in that order)
+        so that every TP rank's w13 rows come out interleaved. Works on any
+        per-output-row tensor: the weight (any dtype, e.g. FP8) and per-channel
+        scales [I, 1] alike, so a row keeps its scale. Done on the checkpoint
+        tensors, before the quant method's process_weights_after_loading."""
+        return interleave_gate_up_rows(gate, up, self.experts.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits, _ = self.gate(x)
@@ -204,6 +211,88 @@ class MiniMaxM3MoE(nn.Module):
         shared = self.shared_experts(x)
         routed = self.experts(hidden_states=x, router_logits=logits)
         return routed * self.routed_scaling_factor + shared
+
+
+def interleave_gate_up_rows(
+    gate: torch.Tensor, up: torch.Tensor, tp_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, second) such that FusedMoE's w13 loader, which puts rank r's
+    slice ``first[r*n:(r+1)*n]`` (w1) then ``second[r*n:(r+1)*n]`` (w3) into
+    rank r's rows, leaves gate/up interleaved there:
+    ``rows[2i] = gate[r*n + i]``, ``rows[2i + 1] = up[r*n + i]`` (n = I / tp)."""
+    if gate.shape != up.shape:
+        raise ValueError(
+            f"MiniMax-M3: expert gate {tuple(gate.shape)} and up {tuple(up.shape)} "
+            "tensors differ in shape."
+        )
+    rows, rest = gate.shape[0], gate.shape[1:]
+    if rows % tp_size:
+        raise ValueError(
+            f"MiniMax-M3: expert intermediate size {rows} is not divisible by "
+            f"the tensor parallel size {tp_size}."
+        )
+    n = rows // tp_size
+    both = torch.stack(
+        (gate.reshape(tp_size, n, *rest), up.reshape(tp_size, n, *rest)), dim=2
+    ).reshape(tp_size, 2 * n, *rest)
+    return both[:, :n].reshape(rows, *rest), both[:, n:].reshape(rows, *rest)
+
+
+def _gate_up_layout_problem(experts, intermediate_size: int) -> str | None:
+    """Why interleaving gate/up rows (``interleave_gate_up_rows``) would not
+    be right for these experts' w13 tensors; None when it is."""
+    method = experts.quant_method
+    if getattr(method, "uses_meta_device", False):
+        # online quantization: the checkpoint is full precision and is
+        # quantized after loading, i.e. after the rows were interleaved
+        return None
+    n = experts.moe_config.intermediate_size_per_partition
+    if n * experts.tp_size != intermediate_size:
+        return (f"it pads the expert intermediate size per rank to {n} (checkpoint "
+                f"{intermediate_size} over tensor parallel size {experts.tp_size})")
+    rows = 2 * n
+    params = dict(experts.named_parameters(recurse=False))
+    if "w13_weight" not in params:
+        names = sorted(k for k in params if k.startswith("w13"))
+        return f"its w13 tensors {names} are packed or transposed"
+    for name, p in params.items():
+        if not name.startswith("w13"):
+            continue
+        per_row = p.dim() == 3 and p.shape[1] == rows
+        kind = getattr(p, "quant_method", None)
+        if name == "w13_weight" and per_row:
+            continue
+        if (name == "w13_weight_scale" and per_row
+                and kind == FusedMoeWeightScaleSupported.CHANNEL.value):
+            continue  # per-channel: one scale per row, moves with its row
+        if name == "w13_input_scale" and p.dim() == 1:
+            continue  # one activation scale per expert: no rows
+        if kind == FusedMoeWeightScaleSupported.BLOCK.value:
+            block = getattr(experts, "weight_block_size", None)
+            return (f"{name} {tuple(p.shape)} holds block scales (block {block}); "
+                    "one scale covers a block of consecutive gate or up rows, and "
+                    "interleaving the rows would split every block across gate and up")
+        if kind == FusedMoeWeightScaleSupported.TENSOR.value:
+            return (f"{name} {tuple(p.shape)} holds one scale per gate/up shard; "
+                    "interleaving would put rows of both shards under one scale")
+        return (f"{name} {tuple(p.shape)} ({kind or 'unknown'} layout) is not stored "
+                "one row per output channel")
+    return None
+
+
+def _check_gate_up_layout(experts, intermediate_size: int) -> None:
+    why = _gate_up_layout_problem(experts, intermediate_size)
+    if why is not None:
+        raise NotImplementedError(
+            f"MiniMax-M3: the routed experts cannot use "
+            f"{experts.quant_method.__class__.__name__}: {why}. vLLM's swigluoai "
+            "experts need w13's gate and up rows interleaved, which this model "
+            "does row by row on the checkpoint tensors; supported are unquantized "
+            "experts and per-channel FP8 checkpoints (compressed-tensors "
+            "FP8-dynamic, as MiniMax-M3-FP8-dynamic). Block-quantized FP8 and MX "
+            "(MXFP8/MXFP4) expert checkpoints are not supported yet: serve the BF16 "
+            "or a per-channel FP8 checkpoint instead."
+        )
 
 
 def fuse_shared_expert_enabled(config, top_config=None) -> bool:

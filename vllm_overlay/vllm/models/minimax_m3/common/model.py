@@ -25,6 +25,16 @@ With the ``fuse_shared_expert`` option (see ``layers.py``; enable with
 ``block_sparse_moe.shared_experts.{gate,up,down}_proj`` tensors are loaded
 into the FusedMoE layer as expert ``num_local_experts`` (``w13`` gate/up
 shards, ``w2``) instead of a separate MLP.
+
+Quantized checkpoints go through vLLM's quantization configs; for
+compressed-tensors FP8-dynamic (per-channel FP8 weights ``<name>.weight`` +
+``<name>.weight_scale`` [out, 1], dynamic per-token activations) the linears
+use the W8A8 FP8 scheme and the routed experts the W8A8 FP8 MoE method. An
+expert's gate (w1) and up (w3) tensors, weights and per-channel scales alike,
+are loaded as a pair with their rows interleaved (see ``layers.py``). FP8
+KV-cache scales (``self_attn.k_scale`` / ``v_scale`` and the other namings
+vLLM knows) load into dense layers' attention as in any vLLM model and into
+sparse layers' scalar ``_k_scale`` / ``_v_scale``.
 """
 
 import re
@@ -33,6 +43,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm
@@ -41,7 +52,11 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader.weight_utils import (
+    default_weight_loader,
+    maybe_remap_kv_scale_name,
+)
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 from vllm.sequence import IntermediateTensors
 from vllm.transformers_utils.configs.minimax_m3 import (
@@ -49,6 +64,7 @@ from vllm.transformers_utils.configs.minimax_m3 import (
     validate_minimax_m3_text_config,
 )
 
+from .attention import MiniMaxM3SparseAttention
 from .layers import (
     MiniMaxM3Attention,
     MiniMaxM3MLP,
@@ -78,6 +94,19 @@ _FUSED_SHARED = {"gate_proj": ("w13_weight", "w1"), "up_proj": ("w13_weight", "w
 _SHARED_RE = re.compile(
     r"^(.*\.block_sparse_moe\.)shared_experts\.(gate_proj|up_proj|down_proj)\.weight$"
 )
+# Attention (KV-cache) scale tensors, in the namings vLLM's
+# maybe_remap_kv_scale_name maps onto ``self_attn.attn.{k,v,q}_scale``
+# (compressed-tensors ``self_attn.k_scale``, ModelOpt ``self_attn.k_proj.k_scale``...)
+_KV_SCALE_SUFFIXES = (
+    ".k_scale", ".v_scale", ".q_scale", ".kv_scale",
+    ".k_zero_point", ".v_zero_point", ".q_zero_point",
+    ".k_cache.scale", ".v_cache.scale", ".q.scale",
+)
+# expert tensors with one row per output channel: their gate (w1) and up (w3)
+# halves are loaded as a pair, rows interleaved (MiniMaxM3MoE.interleave_gate_up)
+_GATE_UP_ROW_SUFFIXES = ("weight", "weight_scale")
+
+logger = init_logger(__name__)
 
 
 def _split_rows(t: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,9 +219,15 @@ class MiniMaxM3DecoderLayer(nn.Module):
         return hidden + h
 
 
+@support_torch_compile
 class MiniMaxM3Model(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, config, prefix: str = ""):
+    """Embeddings, decoder layers, final norm. Compiled by vLLM (torch.compile
+    + piecewise CUDA graphs split at the attention ops, including
+    ``vllm::minimax_m3_sparse_attention``)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
+        config = _text_config(vllm_config)
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(
             config.vocab_size,
@@ -208,7 +243,12 @@ class MiniMaxM3Model(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def forward(self, input_ids, positions, inputs_embeds=None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         hidden = inputs_embeds
@@ -235,7 +275,17 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }
-    hf_to_vllm_mapper = WeightsMapper(orig_to_new_prefix={"language_model.": ""})
+    # Also applied to a quantization config's module names (compressed-tensors
+    # ``ignore`` / targets): released names (``language_model.model.layers.N...``)
+    # and transformers' module names (``model.language_model.layers.N...``,
+    # ``self_attn.indexer.q_proj``, ``mlp.shared_experts``) both map onto ours.
+    hf_to_vllm_mapper = WeightsMapper(
+        orig_to_new_substr={
+            ".self_attn.indexer.": ".self_attn.index_",
+            ".mlp.shared_experts.": ".block_sparse_moe.shared_experts.",
+        },
+        orig_to_new_prefix={"language_model.": "", "model.language_model.": "model."},
+    )
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -244,7 +294,9 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         self.fuse_shared_expert = fuse_shared_expert_enabled(
             config, vllm_config.model_config.hf_config
         )
-        self.model = MiniMaxM3Model(vllm_config, config, maybe_prefix(prefix, "model"))
+        self.model = MiniMaxM3Model(
+            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
+        )
         self.lm_head = ParallelLMHead(
             config.vocab_size,
             config.hidden_size,
@@ -290,6 +342,19 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         ]
         expert_mapping = self.get_expert_mapping()
         params = dict(self.named_parameters())
+        moes = {n: m for n, m in self.named_modules() if isinstance(m, MiniMaxM3MoE)}
+        sparse_attn = {
+            n: m for n, m in self.named_modules()
+            if isinstance(m, MiniMaxM3SparseAttention)
+        }
+        # KV scale names vLLM resolves against: dense layers' parameters, plus
+        # the scale names of the sparse layers (scalar buffers, not parameters)
+        kv_names = dict(params)
+        for n in sparse_attn:
+            for a in ("k_scale", "v_scale", "q_scale",
+                      "k_zero_point", "v_zero_point", "q_zero_point"):
+                kv_names[f"{n}.{a}"] = None
+        pending: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         loaded: set[str] = set()
         for name, w in normalize_checkpoint_weights(
             self.hf_to_vllm_mapper.apply(weights), list(self.config.mlp_layer_types)
@@ -298,16 +363,16 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
                 continue
             if self.config.tie_word_embeddings and name.startswith("lm_head."):
                 continue
+            if name.endswith(_KV_SCALE_SUFFIXES):
+                self._load_kv_scale(name, w, kv_names, params, sparse_attn, loaded)
+                continue
             m = _SHARED_RE.match(name) if self.fuse_shared_expert else None
             if m is not None:
                 # shared expert -> the extra FusedMoE expert (id n_routed)
                 param_name, shard_id = _FUSED_SHARED[m.group(2)]
                 name = f"{m.group(1)}experts.{param_name}"
-                param = params[name]
-                param.weight_loader(
-                    param, w, name, shard_id=shard_id,
-                    expert_id=self.config.num_local_experts,
-                )
+                self._load_expert(params, moes, pending, name, "weight", w, shard_id,
+                                  self.config.num_local_experts)
                 loaded.add(name)
                 continue
             if ".index_q_proj." in name or ".index_k_proj." in name:
@@ -316,11 +381,10 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
                 for param_name, weight_name, expert_id, shard_id in expert_mapping:
                     if weight_name not in name:
                         continue
+                    suffix = name.split(weight_name, 1)[1]
                     name = name.replace(weight_name, param_name)
-                    param = params[name]
-                    param.weight_loader(
-                        param, w, name, shard_id=shard_id, expert_id=expert_id
-                    )
+                    self._load_expert(params, moes, pending, name, suffix, w, shard_id,
+                                      expert_id)
                     break
                 else:
                     raise ValueError(f"MiniMax-M3: unexpected expert tensor {name}")
@@ -347,10 +411,85 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
             param = params[name]
             getattr(param, "weight_loader", default_weight_loader)(param, w)
             loaded.add(name)
-        for module in self.modules():
-            if isinstance(module, MiniMaxM3MoE):
-                module.interleave_gate_up()
+        if pending:
+            (pname, expert_id), halves = next(iter(pending.items()))
+            have = next(iter(halves))
+            raise ValueError(
+                f"MiniMax-M3: the checkpoint has expert {expert_id}'s {have} tensor "
+                f"for {pname} but not its {'w3' if have == 'w1' else 'w1'} "
+                "partner; an expert's gate (w1) and up (w3) are loaded together."
+            )
         return loaded
+
+    @staticmethod
+    def _load_expert(params, moes, pending, pname: str, suffix: str,
+                     w: torch.Tensor, shard_id: str, expert_id: int) -> None:
+        """One expert tensor into FusedMoE parameter ``pname``. Gate (w1) and
+        up (w3) tensors with one row per output channel (weights, per-channel
+        scales) wait for their partner and are loaded as the pair that leaves
+        w13's rows interleaved (``MiniMaxM3MoE.interleave_gate_up``)."""
+        param = params[pname]
+        if shard_id not in ("w1", "w3") or suffix not in _GATE_UP_ROW_SUFFIXES:
+            param.weight_loader(param, w, pname, shard_id=shard_id, expert_id=expert_id)
+            return
+        halves = pending.setdefault((pname, expert_id), {})
+        if shard_id in halves:
+            raise ValueError(
+                f"MiniMax-M3: expert {expert_id}'s {shard_id} tensor for {pname} "
+                "appears twice in the checkpoint."
+            )
+        halves[shard_id] = w
+        if len(halves) < 2:
+            return
+        del pending[(pname, expert_id)]
+        moe = moes[pname.rsplit(".experts.", 1)[0]]
+        if moe.experts._map_global_expert_id_to_local_expert_id(expert_id) == -1:
+            return  # another expert-parallel rank's expert
+        first, second = moe.interleave_gate_up(halves["w1"], halves["w3"])
+        param.weight_loader(param, first, pname, shard_id="w1", expert_id=expert_id)
+        param.weight_loader(param, second, pname, shard_id="w3", expert_id=expert_id)
+
+    @staticmethod
+    def _load_kv_scale(name: str, w: torch.Tensor, kv_names: dict, params: dict,
+                       sparse_attn: dict, loaded: set[str]) -> None:
+        """A KV-cache scale tensor. Names are resolved as vLLM does for any
+        model (``maybe_remap_kv_scale_name``); dense layers load it into the
+        parameters their attention quant method created, sparse layers into
+        their scalar ``_k_scale`` / ``_v_scale`` (a per-head scale is reduced
+        to its maximum; q scales and zero points are not used there)."""
+        target = maybe_remap_kv_scale_name(name, kv_names)
+        if target is None:
+            return  # no such scale in this model (vLLM warned)
+        layer_name, attr = target.rsplit(".", 1)
+        layer = sparse_attn.get(layer_name)
+        if layer is None:
+            if target not in params:
+                raise ValueError(
+                    f"MiniMax-M3: checkpoint tensor {name!r} has no matching "
+                    "parameter in vLLM's model."
+                )
+            param = params[target]
+            getattr(param, "weight_loader", default_weight_loader)(param, w)
+            loaded.add(target)
+            return
+        if attr not in ("k_scale", "v_scale"):
+            return
+        s = w.detach().float().reshape(-1)
+        if s.numel() == 0 or not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+            raise ValueError(
+                f"MiniMax-M3: KV-cache scale {name!r} must be positive and finite, "
+                f"got {w.tolist()}."
+            )
+        if s.numel() > 1:
+            logger.warning_once(
+                "MiniMax-M3 sparse attention layers use one K and one V scale per "
+                "layer; per-head checkpoint scales (e.g. %s) are reduced to their "
+                "maximum.", name,
+            )
+        scale = s.max()
+        getattr(layer, f"_{attr}").copy_(scale)
+        if name.endswith(".kv_scale"):  # deprecated single scale: K and V
+            layer._v_scale.copy_(scale)
 
 
 class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):

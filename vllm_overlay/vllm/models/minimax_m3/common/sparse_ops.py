@@ -37,6 +37,38 @@ def _request_spans(token_req: torch.Tensor) -> list[tuple[int, int, int]]:
     return spans
 
 
+def _write_rows(cache_tok: torch.Tensor, x: torch.Tensor, slots: torch.Tensor) -> None:
+    """cache_tok: [num_pages, page_size, ...]; x[i] goes to slot slots[i] >= 0."""
+    valid = slots >= 0
+    if not bool(valid.all()):
+        x, slots = x[valid], slots[valid]
+    page_size = cache_tok.shape[1]
+    slots = slots.long()
+    cache_tok[slots // page_size, slots % page_size] = x.to(cache_tok.dtype)
+
+
+def write_sparse_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    idx_k: torch.Tensor,
+    kv_cache: torch.Tensor,
+    idx_k_cache: torch.Tensor,
+    slots: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Store K/V [T, Hkv, D] and index keys [T, Didx] at ``slots`` [T]
+    (negative = skip). An fp8 ``kv_cache`` stores ``clamp(x / scale)`` with
+    the scalar ``k_scale`` / ``v_scale``."""
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        fmax = torch.finfo(torch.float8_e4m3fn).max
+        k = (k.float() / k_scale).clamp(-fmax, fmax)
+        v = (v.float() / v_scale).clamp(-fmax, fmax)
+    _write_rows(kv_cache[:, 0], k, slots)
+    _write_rows(kv_cache[:, 1], v, slots)
+    _write_rows(idx_k_cache, idx_k, slots)
+
+
 def _gather_pages(
     cache: torch.Tensor, pages: torch.Tensor, n_keys: int
 ) -> torch.Tensor:

@@ -4,6 +4,7 @@
 Public API (same semantics as the PyTorch reference in ``../sparse_ops.py``):
   index_block_topk        index scoring + block top-k   (indexer.py)
   block_sparse_attention  block-sparse GQA attention    (attention.py)
+  write_sparse_cache      K/V (+fp8 quant) and index-key cache writes (cache_write.py)
 Kernels, one concern per module:
   index_score_decode   decode stage 1: per-block max scores, split over context
   index_topk_select    stage 2: top-k over a row of candidate scores
@@ -16,6 +17,7 @@ kernels also run on CPU under ``TRITON_INTERPRET=1``.
 
 from ._triton import HAS_TRITON
 from .attention import block_sparse_attention
+from .cache_write import write_sparse_cache
 from .indexer import index_block_topk
 
-__all__ = ["HAS_TRITON", "block_sparse_attention", "index_block_topk"]
+__all__ = ["HAS_TRITON", "block_sparse_attention", "index_block_topk", "write_sparse_cache"]

@@ -82,6 +82,7 @@ def block_sparse_attention(
     v_scale: torch.Tensor | None = None,
     kv_scales: torch.Tensor | None = None,
     *,
+    fold_scalar_scales: bool = True,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     _tune: dict | None = None,
@@ -97,6 +98,9 @@ def block_sparse_attention(
       kv_scale_mode: 0 none, 1 scalar (k_scale, v_scale one-element float32
         tensors), 2 per token and KV head (kv_scales [num_pages, 2, page_size,
         Hkv] float32).
+      fold_scalar_scales: with kv_scale_mode 1, fold k_scale into the softmax
+        scale and apply v_scale once to the output (default); False scales
+        every loaded K/V element instead (A/B benchmarks only).
       out: optional [T, Hq, D] output (q dtype).
       num_splits: override of the split count over selected blocks (tests).
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
@@ -143,6 +147,7 @@ def block_sparse_attention(
     vs = v_scale if kv_scale_mode == 1 else dummy
     kvs = kv_scales if kv_scale_mode == 2 else dummy
     sstr = kv_scales.stride() if kv_scale_mode == 2 else (0, 0, 0, 0)
+    kernel_mode = 3 if (kv_scale_mode == 1 and not fold_scalar_scales) else kv_scale_mode
 
     if splits == 1:
         part_o = part_lse = out
@@ -165,7 +170,7 @@ def block_sparse_attention(
         G=G, G_PAD=G_PAD, D=D, D_PAD=D_PAD,
         TOPK=topk, SLOTS=slots, NUM_SPLITS=splits,
         SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
-        SCALE_MODE=kv_scale_mode, IEEE=ieee,
+        SCALE_MODE=kernel_mode, IEEE=ieee,
         FP16_MMA=(kv_scale_mode != 0 and q.dtype == torch.bfloat16),
         num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2),
     )

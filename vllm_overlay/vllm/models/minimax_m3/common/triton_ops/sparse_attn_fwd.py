@@ -17,6 +17,9 @@ Scale modes (``SCALE_MODE`` constexpr) for the KV cache:
   2: fp8 e4m3 with per (token, KV head) scales ``kv_scales`` [num_pages, 2,
      page_size, Hkv] float32: k scales multiply the score columns and v scales
      the probabilities fed to P@V -- identical to dequantising every element.
+  3: the scalar scales of mode 1 applied to every loaded K and V element
+     instead of folded (the pre-folding formulation; kept for A/B benchmarks,
+     selected with ``fold_scalar_scales=False``).
 
 Layouts (element strides):
   q        [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
@@ -79,6 +82,9 @@ def sparse_attn_fwd_kernel(
     qk_scale = sm_scale * 1.4426950408889634
     if SCALE_MODE == 1:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
+    if SCALE_MODE == 3:
+        k_elem_scale = tl.load(k_scale_ptr)
+        v_elem_scale = tl.load(v_scale_ptr)
 
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     k_base = kv_ptr + g * stride_ch
@@ -100,6 +106,9 @@ def sparse_attn_fwd_kernel(
             ld_mask = kvalid[:, None] & dmask[None, :]
             k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
             v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+            if SCALE_MODE == 3:
+                k = k.to(tl.float32) * k_elem_scale
+                v = v.to(tl.float32) * v_elem_scale
             if IEEE:
                 s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
             else:

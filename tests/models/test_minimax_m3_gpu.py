@@ -1,0 +1,76 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MiniMax-M3 behaviour only a GPU shows: CUDA graphs and tensor parallelism.
+
+* ``FULL_AND_PIECEWISE`` graphs (vLLM's default: FULL graphs for uniform
+  decode batches, piecewise graphs split at the attention ops otherwise)
+  change no output token against eager execution, in fp32 and bf16, for a
+  batch of mixed lengths whose decode crosses sparse-block boundaries, with
+  chunked prefill forcing mixed prefill+decode steps.
+* TP2 gives the tokens of TP1 on a checkpoint with 4 KV heads (2 per rank;
+  the index heads follow their KV head).
+Tiny random checkpoints built with transformers' classes, engines in
+subprocesses (``minimax_m3_utils.run_vllm``). Skipped without CUDA (TP2:
+without two GPUs); run by ``ci/gpu_e2e.sh`` on the H200.
+"""
+
+import pytest
+import torch
+
+from minimax_m3_utils import build_checkpoint, hf_greedy, run_vllm
+
+pytest.importorskip("transformers.models.minimax_m3_vl")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA graphs and TP need a GPU (run on the H200)")
+
+PROMPT_LENS = [3, 31, 64, 97, 150, 200]
+MAX_NEW = 40  # decode of every prompt crosses at least one 32-token block
+# chosen-token logprob agreement between modes (same kernels, other batching)
+LP_TOL = {"float32": 3e-2, "bfloat16": 0.15}
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in PROMPT_LENS]
+
+
+def _run(tmp, model, graphs, dtype, **llm):
+    kw = dict(dtype=dtype, block_size=16, max_model_len=512, max_num_seqs=8,
+              max_num_batched_tokens=128, enable_prefix_caching=False, **llm)
+    res = run_vllm(str(tmp), model, _prompts(), MAX_NEW, graphs=graphs, llm_kwargs=kw)
+    assert "error" not in res, res.get("traceback", res)
+    return res["rounds"][0]
+
+
+def _compare(a, b, tol):
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x["tokens"] == y["tokens"], f"prompt {i} (len {PROMPT_LENS[i]})"
+        diff = max(abs(p - q) for p, q in zip(x["logprobs"], y["logprobs"]))
+        assert diff < tol, f"prompt {i}: logprob diff {diff}"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return build_checkpoint(str(tmp_path_factory.mktemp("m3gpu") / "ckpt"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cudagraphs_change_no_token(ckpt, tmp_path, dtype):
+    eager = _run(tmp_path / "eager", ckpt, False, dtype)
+    graphs = _run(tmp_path / "graphs", ckpt, True, dtype)
+    _compare(graphs, eager, LP_TOL[dtype])
+    if dtype == "float32":  # and both are transformers' tokens
+        from transformers.models.minimax_m3_vl import (
+            MiniMaxM3SparseForConditionalGeneration)
+        m = MiniMaxM3SparseForConditionalGeneration.from_pretrained(ckpt).eval()
+        for i, p in enumerate(_prompts()):
+            assert graphs[i]["tokens"] == hf_greedy(m, p, MAX_NEW)[0], f"prompt {i}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP2 needs two GPUs")
+def test_tp2_matches_tp1(tmp_path):
+    ckpt = build_checkpoint(str(tmp_path / "ckpt"), num_attention_heads=8,
+                            num_key_value_heads=4, index_n_heads=4, head_dim=32,
+                            hidden_size=128)
+    tp1 = _run(tmp_path / "tp1", ckpt, True, "float32")
+    tp2 = _run(tmp_path / "tp2", ckpt, True, "float32", tensor_parallel_size=2)
+    _compare(tp2, tp1, LP_TOL["float32"])
