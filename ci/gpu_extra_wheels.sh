@@ -9,7 +9,11 @@
 # Roots: the requirements of vLLM's requirements/common.txt that are missing
 # there: uvicorn (from fastapi[standard]; imported by vllm.entrypoints.launcher),
 # model-hosting-container-standards (imported by the OpenAI API server),
-# anthropic and mcp (declared, imported lazily). Their transitive dependencies
+# anthropic and mcp (declared, imported lazily); and for quantized checkpoints
+# (compressed-tensors FP8), fetched without their dependencies (NODEPS; a
+# resolve would pull a second torch): loguru (compressed-tensors' logger) and
+# humming-kernels + pyelftools (vllm.model_executor.layers.quantization imports
+# humming on CUDA) -- found missing on the H200 on 2026-11-29. The ROOTS' transitive dependencies
 # come from a normal resolve, pinned to deps-py312.txt where it names them;
 # then only the wheels of projects the GPU machine lacks are kept.
 # ci/gpu_e2e.py --wheels OUTDIR installs them there (and skips any project that
@@ -21,6 +25,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 deps=${GPU_DEPS:-$here/../../shared/gpu/deps-py312.txt}
 [ -f "$deps" ] || { echo "$0: no $deps (set GPU_DEPS)" >&2; exit 2; }
 ROOTS=${ROOTS:-"uvicorn model-hosting-container-standards anthropic mcp"}
+NODEPS=${NODEPS:-"loguru humming-kernels==0.1.4 pyelftools"}
 
 # Projects the GPU machine's image already has (read there, 2026-11-17; the
 # ones a resolve of ROOTS can reach). deps-py312.txt is added below.
@@ -37,6 +42,9 @@ platforms+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platf
 
 python3 -m pip download -q --only-binary=:all: --python-version "${PYVER:-3.12}" --implementation cp \
   "${platforms[@]}" -c "$deps" -d "$tmp" $ROOTS 2>&1 | grep -v '^WARNING: Location' || true
+[ -z "$NODEPS" ] || python3 -m pip download -q --no-deps --only-binary=:all: \
+  --python-version "${PYVER:-3.12}" --implementation cp "${platforms[@]}" -d "$tmp" $NODEPS 2>&1 \
+  | grep -v '^WARNING: Location' || true
 
 norm() { echo "$1" | tr 'A-Z_.' 'a-z--'; }
 have=" "

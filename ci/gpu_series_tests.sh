@@ -16,6 +16,12 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1")
 BUDGET=${SUITE_TIMEOUT:-400}
+# EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU
+# image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...)
+if [ -n "${EXTRA_WHEELS:-}" ]; then
+  python -m pip install -q --no-index --no-deps --target "${EXTRA_SITE:-/tmp/site}" "$EXTRA_WHEELS"/*.whl \
+    > "$OUT/extra_wheels.log" 2>&1 || echo "extra wheels: pip failed, see extra_wheels.log"
+fi
 for s in ${RUN_SUITES:-kernels fixes models}; do
   eval "set -- ${SUITES[$s]}"  # a suite may quote a -k expression
   env ${SUITE_ENV[$s]:-} timeout "$BUDGET" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \

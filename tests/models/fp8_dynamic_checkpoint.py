@@ -40,6 +40,7 @@ _TARGET_RE = re.compile(
     r"^language_model\.model\.layers\.\d+\.("
     r"self_attn\.[qkvo]_proj"
     r"|mlp\.(gate|up|down)_proj"
+    r"|block_sparse_moe\.(gate|up|down)_proj"  # a dense MLP as transformers 5.17 saves it
     r"|block_sparse_moe\.experts\.\d+\.w[123]"
     r"|block_sparse_moe\.shared_experts\.(gate|up|down)_proj"
     r")\.weight$"

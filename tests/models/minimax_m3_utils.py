@@ -128,7 +128,8 @@ _RUNNER = textwrap.dedent(
         res = []
         for rnd in range(spec.get("rounds", 1)):
             sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0,
-                                logprobs=0, prompt_logprobs=spec.get("prompt_logprobs"),
+                                logprobs=spec.get("top_logprobs", 0),
+                                prompt_logprobs=spec.get("prompt_logprobs"),
                                 detokenize=False)
             outs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], sp)
             r = []
@@ -136,6 +137,8 @@ _RUNNER = textwrap.dedent(
                 c = o.outputs[0]
                 item = {"tokens": list(c.token_ids),
                         "logprobs": [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]}
+                if spec.get("top_logprobs"):
+                    item["top"] = [{str(k): v.logprob for k, v in lp.items()} for lp in c.logprobs]
                 if o.prompt_logprobs is not None:
                     item["prompt_logprobs"] = [
                         None if lp is None else lp[t].logprob

