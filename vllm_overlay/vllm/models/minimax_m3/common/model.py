@@ -257,6 +257,17 @@ class MiniMaxM3Model(nn.Module):
         return self.norm(hidden)
 
 
+def _load_param(params: dict, target: str, name: str, w: torch.Tensor) -> None:
+    """Load checkpoint tensor ``name`` into parameter ``target`` with its loader."""
+    if target not in params:
+        raise ValueError(
+            f"MiniMax-M3: checkpoint tensor {name!r} has no matching "
+            "parameter in vLLM's model."
+        )
+    param = params[target]
+    getattr(param, "weight_loader", default_weight_loader)(param, w)
+
+
 def _text_config(vllm_config: VllmConfig):
     config = vllm_config.model_config.hf_text_config
     if not hasattr(config, "index_topk_blocks"):
@@ -403,13 +414,7 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
                 if shard_id is not None:
                     loaded.add(name)
                     continue
-            if name not in params:
-                raise ValueError(
-                    f"MiniMax-M3: checkpoint tensor {name!r} has no matching "
-                    "parameter in vLLM's model."
-                )
-            param = params[name]
-            getattr(param, "weight_loader", default_weight_loader)(param, w)
+            _load_param(params, name, name, w)
             loaded.add(name)
         if pending:
             (pname, expert_id), halves = next(iter(pending.items()))
@@ -463,13 +468,7 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         layer_name, attr = target.rsplit(".", 1)
         layer = sparse_attn.get(layer_name)
         if layer is None:
-            if target not in params:
-                raise ValueError(
-                    f"MiniMax-M3: checkpoint tensor {name!r} has no matching "
-                    "parameter in vLLM's model."
-                )
-            param = params[target]
-            getattr(param, "weight_loader", default_weight_loader)(param, w)
+            _load_param(params, target, name, w)
             loaded.add(target)
             return
         if attr not in ("k_scale", "v_scale"):
