@@ -114,3 +114,76 @@ def test_unfolded_scalar_scales_match_folded(num_new):
     tol = dict(atol=3e-2, rtol=3e-2) if ON_GPU else dict(atol=5e-3, rtol=1e-2)
     torch.testing.assert_close(unfolded.float().cpu(), ref.float(), **tol, msg=lambda m: f"seed {seed}: {m}")
     torch.testing.assert_close(folded.float().cpu(), ref.float(), **tol, msg=lambda m: f"seed {seed}: {m}")
+
+
+def _padded_fp8_cache(num_pages):
+    """The sparse layer's per-token-head layout: fp8 rows of D values, each
+    followed by 16 bytes whose first 4 hold the row's float32 scale."""
+    hkv, d, _, page = SHAPE
+    raw = torch.full((num_pages, 2, page, hkv, d + 16), 0x7F, dtype=torch.uint8, device=DEVICE)
+    raw = raw.view(FP8)  # 0x7F is NaN in e4m3: unwritten rows show up
+    return raw[..., :d], raw[..., d:d + 4].view(torch.float32).squeeze(-1)
+
+
+def _rows(num_new):
+    """K or V rows of very different magnitudes (no scalar scale fits all)."""
+    hkv, d, _, _ = SHAPE
+    if ON_GPU:
+        mag = torch.logspace(-2, 3, num_new * hkv).view(num_new, hkv, 1)
+        return (torch.randn(num_new, hkv, d) * mag).to(DTYPE).to(DEVICE)
+    # The interpreter's fp32 -> e4m3 cast drops the rounding carry; give it rows
+    # whose quotients x / (amax / 448) are exact e4m3 values (a power-of-two
+    # scale per row and one element at 448).
+    q = (torch.randn(num_new, hkv, d) * 100).clamp(-440, 440).to(FP8).float()
+    q[..., 0] = 448.0
+    e = torch.randint(-10, 6, (num_new, hkv, 1)).float()
+    return (q * torch.exp2(e)).to(DTYPE).to(DEVICE)
+
+
+def test_per_token_head_write_and_attention():
+    seed = _seed()
+    hkv, d, di, page = SHAPE
+    hq, sparse_block, topk, num_new = hkv * 4, page * 2, 3, 150
+    num_pages = -(-num_new // page) + 1
+    k, v = _rows(num_new), _rows(num_new)
+    ik = torch.randn(num_new, di, dtype=DTYPE, device=DEVICE)
+    bt = torch.randperm(num_pages, device=DEVICE)[None, :].to(torch.int32)
+    pos = torch.arange(num_new, dtype=torch.int32, device=DEVICE)
+    slots = bt[0, (pos // page).long()].long() * page + (pos % page).long()
+    got_kv, got_s = _padded_fp8_cache(num_pages)
+    ref_kv, ref_s = _padded_fp8_cache(num_pages)
+    ic = torch.zeros(num_pages, page, di, dtype=DTYPE, device=DEVICE)
+    write_sparse_cache(k, v, ik, got_kv, ic, slots, kv_scales=got_s)
+    sparse_ops.write_sparse_cache(k, v, ik, ref_kv, ic.clone(), slots, kv_scales=ref_s)
+
+    w = slots.cpu()
+    def per_token(t):  # [pages, 2, page, ...] -> the written tokens' [2, ...]
+        return t.transpose(1, 2).reshape(num_pages * page, 2, *t.shape[3:]).cpu()[w]
+    gs, rs = per_token(got_s), per_token(ref_s)
+    assert torch.equal(gs, rs), f"seed {seed}: scales differ"
+    gq, rq = per_token(got_kv.view(torch.uint8)), per_token(ref_kv.view(torch.uint8))
+    assert torch.equal(gq, rq), f"seed {seed}: fp8 rows differ from the reference write"
+    # e4m3 keeps 3 mantissa bits: a dequantised value is within 1/16 of itself,
+    # or of one subnormal step (2^-9 of its row scale)
+    want = torch.stack((k, v), 1).float().cpu()
+    err = (rq.view(FP8).float() * rs[..., None] - want).abs()
+    assert bool((err <= want.abs() / 16 + rs[..., None] * 2.0 ** -9).all()), f"seed {seed}"
+
+    q = torch.randn(num_new, hq, d, dtype=DTYPE, device=DEVICE)
+    rows = []
+    for own in (pos // sparse_block).tolist():
+        for _ in range(hkv):
+            earlier = torch.randperm(own)[: topk - 1].tolist()
+            rows.append([own] + earlier + [-1] * (topk - 1 - len(earlier)))
+    sel = torch.tensor(rows, dtype=torch.int32, device=DEVICE).view(num_new, hkv, topk)
+    req = torch.zeros(num_new, dtype=torch.int32, device=DEVICE)
+    args = (q, ref_kv, bt, req, pos, sel, sparse_block, d ** -0.5, 2, None, None, ref_s)
+    out = block_sparse_attention(*args)
+    ref = sparse_ops.block_sparse_attention(*(a.cpu() if torch.is_tensor(a) else a for a in args))
+    # rows span 2^16 in magnitude: tolerance relative to each output row's
+    # largest value (the kernel's P@V operands are 16-bit)
+    out, ref = out.float().cpu(), ref.float()
+    rel = 3e-2 if ON_GPU else 4e-3
+    bound = rel * (ref.abs() + ref.abs().amax(-1, keepdim=True))
+    assert bool(((out - ref).abs() <= bound).all()), (
+        f"seed {seed}: max error {(out - ref).abs().max():.3g}")

@@ -47,6 +47,13 @@ def _write_rows(cache_tok: torch.Tensor, x: torch.Tensor, slots: torch.Tensor) -
     cache_tok[slots // page_size, slots % page_size] = x.to(cache_tok.dtype)
 
 
+def per_token_head_scales(x: torch.Tensor) -> torch.Tensor:
+    """FP8 e4m3 dequantisation scale of each (token, KV head) row of x
+    [T, Hkv, D]: amax / 448 in fp32 (1.0 for an all-zero row)."""
+    amax = x.float().abs().amax(-1)
+    return torch.where(amax > 0, amax / torch.finfo(torch.float8_e4m3fn).max, 1.0)
+
+
 def write_sparse_cache(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -56,12 +63,20 @@ def write_sparse_cache(
     slots: torch.Tensor,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> None:
     """Store K/V [T, Hkv, D] and index keys [T, Didx] at ``slots`` [T]
-    (negative = skip). An fp8 ``kv_cache`` stores ``clamp(x / scale)`` with
-    the scalar ``k_scale`` / ``v_scale``."""
+    (negative = skip). An fp8 ``kv_cache`` stores ``clamp(x / scale)``: with
+    the scalar ``k_scale`` / ``v_scale``, or, when ``kv_scales``
+    [num_pages, 2, page_size, Hkv] is given, with per (token, KV head) scales
+    computed here (``per_token_head_scales``) and stored there."""
     if kv_cache.dtype == torch.float8_e4m3fn:
         fmax = torch.finfo(torch.float8_e4m3fn).max
+        if kv_scales is not None:
+            ks, vs = per_token_head_scales(k), per_token_head_scales(v)
+            _write_rows(kv_scales[:, 0], ks, slots)
+            _write_rows(kv_scales[:, 1], vs, slots)
+            k_scale, v_scale = ks[..., None], vs[..., None]
         k = (k.float() / k_scale).clamp(-fmax, fmax)
         v = (v.float() / v_scale).clamp(-fmax, fmax)
     _write_rows(kv_cache[:, 0], k, slots)

@@ -10,9 +10,10 @@ Layouts (element strides passed explicitly):
   idx_cache: [num_pages, page_size, Didx]        model dtype
   slots:     [T] int64, ``page * page_size + slot``; tokens with a negative
              slot (padding of a CUDA-graph batch) are skipped.
-With ``QUANT`` (an fp8 kv_cache with scalar scales) K and V are stored as
-``clamp(x / scale, -FP8_MAX, FP8_MAX)`` in e4m3; ``k_scale``/``v_scale`` are
-one-element float32 tensors read on the device.
+An fp8 kv_cache stores ``clamp(x / scale, -FP8_MAX, FP8_MAX)`` in e4m3 with,
+by ``SCALE_MODE``: 1 the scalar ``k_scale``/``v_scale`` (one-element float32
+tensors read on the device); 2 a scale per (token, KV head) row, amax / 448,
+written to ``kv_scales`` [num_pages, 2, page_size, Hkv] float32 (any strides).
 """
 
 import torch
@@ -22,14 +23,36 @@ from ._utils import check_triton, next_pow2
 
 
 @triton.jit
+def _store_rows(x_ptr, stride_xt, stride_xh, t64, dst, s_dst, stride_ch, stride_sh,
+                scalar_ptr, offs_h, offs_d, HKV: tl.constexpr, D: tl.constexpr,
+                SCALE_MODE: tl.constexpr, FP8_MAX: tl.constexpr):
+    """One token's [HKV, D] rows of K or V -> ``dst`` (the cache row of KV head
+    0); quantised per SCALE_MODE, mode 2 also writes the row scales at s_dst."""
+    hmask = offs_h < HKV
+    mask = hmask[:, None] & (offs_d[None, :] < D)
+    x = tl.load(x_ptr + t64 * stride_xt + offs_h[:, None] * stride_xh + offs_d[None, :],
+                mask=mask, other=0.0)
+    if SCALE_MODE == 1:
+        x = tl.clamp(x.to(tl.float32) / tl.load(scalar_ptr), -FP8_MAX, FP8_MAX)
+    if SCALE_MODE == 2:
+        amax = tl.max(tl.abs(x.to(tl.float32)), axis=1)
+        s = tl.where(amax > 0.0, amax / FP8_MAX, 1.0)
+        x = tl.clamp(x.to(tl.float32) / s[:, None], -FP8_MAX, FP8_MAX)
+        tl.store(s_dst + offs_h * stride_sh, s, mask=hmask)
+    tl.store(dst + offs_h[:, None] * stride_ch + offs_d[None, :],
+             x.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def sparse_cache_write_kernel(
-    k_ptr, v_ptr, ik_ptr, kv_ptr, ic_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
+    k_ptr, v_ptr, ik_ptr, kv_ptr, ic_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, kvs_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_it,
     stride_cp, stride_ckv, stride_cs, stride_ch,
+    stride_sp, stride_skv, stride_ss, stride_sh,
     stride_ip, stride_is,
-    HKV: tl.constexpr, D: tl.constexpr, HD_PAD: tl.constexpr,
+    HKV: tl.constexpr, HKV_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     DI: tl.constexpr, DI_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
     """One program per token: K and V rows of every KV head, and the index key."""
     t = tl.program_id(0)
@@ -39,19 +62,14 @@ def sparse_cache_write_kernel(
     page = slot // PAGE_SIZE
     in_page = slot - page * PAGE_SIZE
     t64 = t.to(tl.int64)
-
-    offs = tl.arange(0, HD_PAD)
-    mask = offs < HKV * D
-    head = offs // D
-    dim = offs - head * D
-    k = tl.load(k_ptr + t64 * stride_kt + head * stride_kh + dim, mask=mask, other=0.0)
-    v = tl.load(v_ptr + t64 * stride_vt + head * stride_vh + dim, mask=mask, other=0.0)
-    if QUANT:
-        k = tl.clamp(k.to(tl.float32) / tl.load(k_scale_ptr), -FP8_MAX, FP8_MAX)
-        v = tl.clamp(v.to(tl.float32) / tl.load(v_scale_ptr), -FP8_MAX, FP8_MAX)
-    dst = kv_ptr + page * stride_cp + in_page * stride_cs + head * stride_ch + dim
-    tl.store(dst, k.to(kv_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + stride_ckv, v.to(kv_ptr.dtype.element_ty), mask=mask)
+    offs_h = tl.arange(0, HKV_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    row = kv_ptr + page * stride_cp + in_page * stride_cs
+    srow = kvs_ptr + page * stride_sp + in_page * stride_ss
+    _store_rows(k_ptr, stride_kt, stride_kh, t64, row, srow, stride_ch, stride_sh,
+                k_scale_ptr, offs_h, offs_d, HKV, D, SCALE_MODE, FP8_MAX)
+    _store_rows(v_ptr, stride_vt, stride_vh, t64, row + stride_ckv, srow + stride_skv,
+                stride_ch, stride_sh, v_scale_ptr, offs_h, offs_d, HKV, D, SCALE_MODE, FP8_MAX)
 
     offs_i = tl.arange(0, DI_PAD)
     imask = offs_i < DI
@@ -69,9 +87,13 @@ def write_sparse_cache(
     slots: torch.Tensor,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> None:
-    """Write K/V (quantised to fp8 with the scalar scales when ``kv_cache`` is
-    fp8) and index keys of ``slots.shape[0]`` tokens; see the module doc."""
+    """Write K/V and index keys of ``slots.shape[0]`` tokens (module doc). An
+    fp8 ``kv_cache`` is scaled with ``k_scale``/``v_scale`` (one-element
+    float32), or per (token, KV head) when ``kv_scales`` [num_pages, 2,
+    page_size, Hkv] float32 is given: scale = amax / 448 of the row (1.0 for
+    zeros), stored there, exactly as ``sparse_ops.write_sparse_cache``."""
     T = slots.shape[0]
     if k.dim() != 3 or v.shape != k.shape or k.shape[0] < T:
         raise ValueError(f"k and v must be [>= {T}, Hkv, D] of one shape, got "
@@ -83,24 +105,39 @@ def write_sparse_cache(
     if idx_cache.dim() != 3 or idx_k.dim() != 2 or idx_cache.shape[2] != idx_k.shape[1]:
         raise ValueError(f"idx_cache [pages, page_size, Didx] and idx_k [T, Didx] disagree: "
                          f"{tuple(idx_cache.shape)} vs {tuple(idx_k.shape)}")
-    quant = kv_cache.dtype in (torch.float8_e4m3fn, getattr(torch, "float8_e4m3fnuz", None))
-    if quant and (k_scale is None or v_scale is None):
-        raise ValueError("an fp8 kv_cache needs k_scale and v_scale (one-element float32)")
+    fp8 = kv_cache.dtype in (torch.float8_e4m3fn, getattr(torch, "float8_e4m3fnuz", None))
+    if kv_scales is not None:
+        mode = 2
+        if not fp8 or kv_scales.dtype != torch.float32 or tuple(kv_scales.shape) != (
+                kv_cache.shape[0], 2, page_size, hkv):
+            raise ValueError(f"kv_scales must be float32 [{kv_cache.shape[0]}, 2, {page_size}, "
+                             f"{hkv}] with an fp8 kv_cache, got {tuple(kv_scales.shape)} "
+                             f"{kv_scales.dtype} (cache {kv_cache.dtype})")
+    elif fp8:
+        mode = 1
+        if k_scale is None or v_scale is None:
+            raise ValueError("an fp8 kv_cache needs k_scale and v_scale (one-element float32) "
+                             "or per-token-head kv_scales")
+    else:
+        mode = 0
     if (k.stride(2), v.stride(2), idx_k.stride(1), kv_cache.stride(4), idx_cache.stride(2)) != (1,) * 5:
         raise ValueError("k, v, idx_k and the caches must be contiguous in their last dim")
     if T == 0:
         return
     check_triton(k.device)
-    ks = k_scale if quant else slots
-    vs = v_scale if quant else slots
+    ks = k_scale if mode == 1 else slots
+    vs = v_scale if mode == 1 else slots
+    kvs = kv_scales if mode == 2 else slots
+    sstr = kv_scales.stride() if mode == 2 else (0, 0, 0, 0)
     sparse_cache_write_kernel[(T,)](
-        k, v, idx_k, kv_cache, idx_cache, slots, ks, vs,
+        k, v, idx_k, kv_cache, idx_cache, slots, ks, vs, kvs,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), idx_k.stride(0),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        sstr[0], sstr[1], sstr[2], sstr[3],
         idx_cache.stride(0), idx_cache.stride(1),
-        HKV=hkv, D=d, HD_PAD=next_pow2(hkv * d), DI=idx_k.shape[1],
+        HKV=hkv, HKV_PAD=next_pow2(hkv), D=d, D_PAD=next_pow2(d), DI=idx_k.shape[1],
         DI_PAD=next_pow2(idx_k.shape[1]), PAGE_SIZE=page_size,
-        QUANT=quant, FP8_MAX=float(torch.finfo(kv_cache.dtype).max) if quant else 0.0,
+        SCALE_MODE=mode, FP8_MAX=float(torch.finfo(kv_cache.dtype).max) if fp8 else 0.0,
         num_warps=4,
     )
 
