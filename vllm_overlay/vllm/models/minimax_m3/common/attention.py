@@ -34,6 +34,30 @@ def _sparse_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype):
     )
 
 
+# Per (token, KV head) FP8 scales live in each K/V row's padding: an fp8 row
+# of head_size values is followed by this many bytes, the first 4 of which hold
+# the row's float32 dequantisation scale (16 keeps rows 16-byte aligned).
+KV_SCALE_PAD = 16
+KV_SCALE_MODES = ("scalar", "per_token_head")
+
+
+def kv_scale_mode(config, top_config=None) -> str:
+    """``msa_kv_cache_scales`` of the text config, else of the top-level config
+    (flat ``--hf-overrides`` land there): how an FP8 KV cache of the sparse
+    layers is scaled -- ``scalar`` (default; one k/v scale per layer, from the
+    checkpoint or 1.0) or ``per_token_head`` (computed when K/V are written)."""
+    val = getattr(config, "msa_kv_cache_scales", None)
+    if val is None and top_config is not None:
+        val = getattr(top_config, "msa_kv_cache_scales", None)
+    val = "scalar" if val is None else val
+    if val not in KV_SCALE_MODES:
+        raise ValueError(
+            f"MiniMax-M3: msa_kv_cache_scales must be one of {KV_SCALE_MODES}, "
+            f"got {val!r}."
+        )
+    return val
+
+
 def _register_layer(prefix: str, layer: nn.Module) -> None:
     ctx = get_current_vllm_config().compilation_config.static_forward_context
     if prefix in ctx:
@@ -86,6 +110,7 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         init_blocks: int,
         cache_config: CacheConfig,
         prefix: str,
+        per_token_head_scales: bool = False,
     ):
         super().__init__()
         self.layer_name = prefix
@@ -96,6 +121,13 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         self.kv_cache_dtype = cache_config.cache_dtype if cache_config else "auto"
         self.dtype = torch.get_default_dtype()
         self.cache_torch_dtype = _sparse_cache_dtype(self.kv_cache_dtype, self.dtype)
+        if per_token_head_scales and self.cache_torch_dtype != torch.float8_e4m3fn:
+            raise ValueError(
+                "MiniMax-M3: msa_kv_cache_scales='per_token_head' scales an FP8 "
+                f"KV cache; pass --kv-cache-dtype fp8 (got {self.kv_cache_dtype!r})."
+            )
+        # K/V rows in the cache: head_size values, plus the scale padding
+        self.cache_head_size = head_size + (KV_SCALE_PAD if per_token_head_scales else 0)
         # Scalar FP8 KV scales: 1.0 unless the checkpoint has k/v scales, which
         # load_weights copies in place (keep them registered float32 scalars:
         # the kernels and captured CUDA graphs read them by address).
@@ -119,6 +151,7 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
             topk_blocks=topk_blocks,
             local_blocks=local_blocks,
             init_blocks=init_blocks,
+            per_token_head_scales=per_token_head_scales,
         )
         self.kv_cache = torch.tensor([])
         _register_layer(prefix, self)
@@ -130,7 +163,7 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         return FullAttentionSpec(
             block_size=self.cache_config.block_size,
             num_kv_heads=self.num_kv_heads,
-            head_size=self.head_size,
+            head_size=self.cache_head_size,
             dtype=self.cache_torch_dtype,
         )
 

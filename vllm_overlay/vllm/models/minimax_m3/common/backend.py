@@ -315,8 +315,10 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         topk_blocks: int,
         local_blocks: int = 1,
         init_blocks: int = 0,
+        per_token_head_scales: bool = False,
     ) -> None:
         self.fp8 = kv_cache_dtype in ("fp8", "fp8_e4m3")
+        self.per_token_head_scales = per_token_head_scales
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -353,12 +355,19 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         if self._ops is None:
             self._ops = select_sparse_ops(q.device)
         ops = self._ops
-        mode, k_scale, v_scale = 0, None, None
-        if self.fp8:  # scalar scales: the cache holds x / scale in e4m3
+        mode, k_scale, v_scale, kv_scales = 0, None, None, None
+        if self.per_token_head_scales:
+            # each fp8 row [head_size] is followed by its float32 scale (the
+            # row padding, attention.KV_SCALE_PAD); the cache holds x / scale
+            D = self.head_size
+            kv_scales = kv_cache[..., D : D + 4].view(torch.float32).squeeze(-1)
+            kv_cache = kv_cache[..., :D]
+            mode = 2
+        elif self.fp8:  # scalar scales: the cache holds x / scale in e4m3
             mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
         ops.write_cache(
             k[:T], v[:T], idx_k[:T], kv_cache, idx_cache, md.slot_mapping,
-            k_scale, v_scale,
+            k_scale, v_scale, kv_scales,
         )
         topk = ops.index_block_topk(
             idx_q[:T],
@@ -384,7 +393,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             mode,
             k_scale,
             v_scale,
-            None,
+            kv_scales,
             **({"fold_scalar_scales": self.fold_scalar_scales} if ops.triton else {}),
         )
         output[:T] = out

@@ -68,7 +68,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
-from .attention import MiniMaxM3SparseAttention
+from .attention import MiniMaxM3SparseAttention, kv_scale_mode
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -295,6 +295,11 @@ def _check_gate_up_layout(experts, intermediate_size: int) -> None:
         )
 
 
+def _top_config():
+    vc = get_current_vllm_config_or_none()
+    return vc.model_config.hf_config if vc is not None else None
+
+
 def fuse_shared_expert_enabled(config, top_config=None) -> bool:
     """``fuse_shared_expert`` from the text config, else from the top-level
     config (flat ``hf_overrides`` land there), else False."""
@@ -444,6 +449,7 @@ class MiniMaxM3Attention(nn.Module):
             init_blocks=getattr(config, "index_init_blocks", 0) or 0,
             cache_config=cache_config,
             prefix=f"{prefix}.attn",
+            per_token_head_scales=kv_scale_mode(config, _top_config()) == "per_token_head",
         )
 
     def _head_norm(self, x: torch.Tensor, norm: nn.Module, dim: int) -> torch.Tensor:
