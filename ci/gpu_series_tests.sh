@@ -3,16 +3,21 @@
 #   kernels  tests/kernels + vllm_overlay/tests (Triton MSA kernels, bf16/fp8, real shapes)
 #   fixes    tests/fixes (vllm#51632 fused shared expert; #51585 needs build/vllm and is CPU-only)
 #   models   tests/models (MiniMax-M3 vs transformers; on CUDA the sparse backend uses Triton)
-#   graphs   tests/models/test_minimax_m3_gpu.py (CUDA graphs change no token; TP2 == TP1)
+#   graphs   tests/models/test_minimax_m3_gpu.py -k cudagraphs (CUDA graphs change no token)
+#   tp2      tests/models/test_minimax_m3_gpu.py -k tp2 (TP2 == TP1; needs two GPUs)
+#   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
 #            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
 #   fp8ckpt  tests/models/test_minimax_m3_fp8_dynamic.py (compressed-tensors FP8-dynamic)
 # Run on the GPU machine after `bash .gpu/recv.sh install && . /tmp/gpu-env.sh`.
-# RUN_SUITES="models" runs a subset. Writes $OUT/gpu_tests.md (dated table), junit XML and logs per suite.
+# RUN_SUITES="models" runs a subset, one suite after another with every GPU visible; then
+# LANES="graphs models_graphs;fp8ckpt kernels" runs lane i on GPU i (CUDA_VISIBLE_DEVICES=i),
+# the lanes side by side, each lane's suites one after another. Writes $OUT/gpu_tests.md (dated table), junit XML and logs per suite.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models"
-  [graphs]="tests/models/test_minimax_m3_gpu.py" [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
+  [graphs]="tests/models/test_minimax_m3_gpu.py -k cudagraphs" [tp2]="tests/models/test_minimax_m3_gpu.py -k tp2"
+  [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1")
 BUDGET=${SUITE_TIMEOUT:-400}
@@ -22,13 +27,26 @@ if [ -n "${EXTRA_WHEELS:-}" ]; then
   python -m pip install -q --no-index --no-deps --target "${EXTRA_SITE:-/tmp/site}" "$EXTRA_WHEELS"/*.whl \
     > "$OUT/extra_wheels.log" 2>&1 || echo "extra wheels: pip failed, see extra_wheels.log"
 fi
-for s in ${RUN_SUITES:-kernels fixes models}; do
+run_suite() {  # run_suite NAME: one pytest run, its junit XML and log under $OUT
+  local s=$1
+  if [ -z "${SUITES[$s]:-}" ]; then echo "unknown suite '$s' (known: ${!SUITES[*]})"; return 2; fi
   eval "set -- ${SUITES[$s]}"  # a suite may quote a -k expression
   env ${SUITE_ENV[$s]:-} timeout "$BUDGET" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \
     > "$OUT/$s.log" 2>&1
-  echo "$s: exit $?" | tee -a "$OUT/exit_codes.txt"
+  echo "$s: exit $? ${CUDA_VISIBLE_DEVICES:+(GPU $CUDA_VISIBLE_DEVICES)}" | tee -a "$OUT/exit_codes.txt"
   tail -3 "$OUT/$s.log"
-done
+}
+ALL_SUITES=""
+for s in ${RUN_SUITES-kernels fixes models}; do run_suite "$s"; ALL_SUITES+=" $s"; done
+if [ -n "${LANES:-}" ]; then
+  IFS=';' read -ra lanes <<< "$LANES"
+  for i in "${!lanes[@]}"; do
+    ( export CUDA_VISIBLE_DEVICES=$i; for s in ${lanes[$i]}; do run_suite "$s"; done ) &
+    ALL_SUITES+=" ${lanes[$i]}"
+  done
+  wait
+fi
+export ALL_SUITES
 python - "$OUT" <<'PY'
 import datetime, os, subprocess, sys, xml.etree.ElementTree as ET
 out = sys.argv[1]
@@ -39,7 +57,7 @@ lines = ["# Series tests on GPU", "",
          f"date: {datetime.date.today()} | GPU: {gpu} | vllm: {vllm.__version__} | "
          f"repo commit: {os.environ.get('GIT_COMMIT', 'unknown')}", "",
          "| suite | passed | failed | errors | skipped | time (s) |", "|---|---|---|---|---|---|"]
-for s in os.environ.get("RUN_SUITES", "kernels fixes models").split():
+for s in os.environ["ALL_SUITES"].split():
     try:
         suite = ET.parse(f"{out}/{s}.xml").getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
