@@ -17,6 +17,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models"
   [graphs]="tests/models/test_minimax_m3_gpu.py -k cudagraphs" [tp2]="tests/models/test_minimax_m3_gpu.py -k tp2"
+  [graphs_bf16]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
   [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1")
@@ -31,7 +32,8 @@ run_suite() {  # run_suite NAME: one pytest run, its junit XML and log under $OU
   local s=$1
   if [ -z "${SUITES[$s]:-}" ]; then echo "unknown suite '$s' (known: ${!SUITES[*]})"; return 2; fi
   eval "set -- ${SUITES[$s]}"  # a suite may quote a -k expression
-  env ${SUITE_ENV[$s]:-} timeout "$BUDGET" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \
+  # SIGINT at the budget: pytest then reports where it was and what failed so far
+  env ${SUITE_ENV[$s]:-} timeout -s INT -k 30 "$BUDGET" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \
     > "$OUT/$s.log" 2>&1
   echo "$s: exit $? ${CUDA_VISIBLE_DEVICES:+(GPU $CUDA_VISIBLE_DEVICES)}" | tee -a "$OUT/exit_codes.txt"
   tail -3 "$OUT/$s.log"
