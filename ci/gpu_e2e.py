@@ -815,6 +815,13 @@ def bench_ab_jobs(plan: Plan) -> list[Job]:
     return jobs
 
 
+def _set_arg(args: list[str], flag: str, value: str) -> list[str]:
+    """A copy of a CLI argument list with ``flag``'s value replaced."""
+    out = list(args)
+    out[out.index(flag) + 1] = value
+    return out
+
+
 def run_bench(server: Server, plan: Plan, isl: int, conc: int, name: str) -> dict:
     """`vllm bench serve --backend vllm --dataset-name random` (greedy,
     ignore_eos, --num-prompts = concurrency x ab_prompts_per_conc): output
@@ -833,7 +840,24 @@ def run_bench(server: Server, plan: Plan, isl: int, conc: int, name: str) -> dic
     out = {"cmd": "vllm " + " ".join(args).replace(str(plan.model), "<model-dir>"),
            "isl": isl, "osl": plan.ab_osl, "concurrency": conc, "num_prompts": n,
            "fold": server.cfg.fold}
+    # Unrecorded warm-up at the same ISL and concurrency (OSL 8): the first
+    # batch of a new shape pays Triton JIT / first-call costs, which otherwise
+    # land in whichever fold runs first (seen: 6x TTFT on the first case).
+    warm = [a for a in args if a not in ("--save-result",)]
+    warm = _set_arg(_set_arg(_set_arg(warm, "--num-prompts", str(conc)),
+                             "--random-output-len", "8"), "--seed", "1")
+    warm = warm[:warm.index("--result-dir")]
     with open(plan.out / "bench.log", "a") as log:
+        log.write(f"\n===== {name} warm-up ({server.cfg.label})\n")
+        log.flush()
+        t0 = time.monotonic()
+        try:
+            subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", *warm],
+                           stdout=log, stderr=subprocess.STDOUT,
+                           timeout=min(plan.ab_timeout, max(plan.remaining(), 30)))
+        except subprocess.TimeoutExpired:
+            pass
+        out["warmup_s"] = round(time.monotonic() - t0, 1)
         log.write(f"\n===== {name} ({server.cfg.label}, {FOLD_ENV}={int(server.cfg.fold)})\n")
         log.flush()
         t0 = time.monotonic()

@@ -212,7 +212,10 @@ def run_vllm(workdir: str, model: str, prompts, max_tokens: int, timeout=600, **
     )
     if not os.path.exists(out_p):
         raise RuntimeError(f"vLLM runner died (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.load(open(out_p))
+    res = json.load(open(out_p))
+    if "error" in res:  # worker processes report their errors only in the log
+        res["log"] = proc.stdout[-20000:] + proc.stderr[-20000:]
+    return res
 
 
 def hf_greedy(model, prompt, n_new: int):

@@ -15,7 +15,8 @@
   logprobs (within ``LP_TOL``) up to the first divergence, and there each
   run's token is among the other run's two best.
 * TP2 gives the tokens of TP1 on a checkpoint with 4 KV heads (2 per rank;
-  the index heads follow their KV head).
+  the index heads follow their KV head), also with expert parallelism, with
+  the shared expert separate or fused into the experts.
 Tiny random checkpoints built with transformers' classes, engines in
 subprocesses (``minimax_m3_utils.run_vllm``). Skipped without CUDA (TP2:
 without two GPUs); run by ``ci/gpu_e2e.sh`` on the H200.
@@ -89,11 +90,34 @@ def test_cudagraphs_match_eager(ckpt, tmp_path, dtype):
     # in eager and graph mode alike.
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP2 needs two GPUs")
-def test_tp2_matches_tp1(tmp_path):
-    ckpt = build_checkpoint(str(tmp_path / "ckpt"), num_attention_heads=8,
-                            num_key_value_heads=4, index_n_heads=4, head_dim=32,
-                            hidden_size=128)
-    tp1 = _run(tmp_path / "tp1", ckpt, True, "float32")
-    tp2 = _run(tmp_path / "tp2", ckpt, True, "float32", tensor_parallel_size=2)
-    _compare(tp2, tp1, LP_TOL["float32"])
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP2 needs two GPUs")
+
+
+@pytest.fixture(scope="module")
+def tp_ckpt(tmp_path_factory):
+    return build_checkpoint(str(tmp_path_factory.mktemp("m3tp") / "ckpt"),
+                            num_attention_heads=8, num_key_value_heads=4, index_n_heads=4,
+                            head_dim=32, hidden_size=128)
+
+
+@pytest.fixture(scope="module")
+def tp1_ref(tp_ckpt, tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("tp1"), tp_ckpt, True, "float32")
+
+
+@TWO_GPUS
+def test_tp2_matches_tp1(tp_ckpt, tp1_ref, tmp_path):
+    tp2 = _run(tmp_path / "tp2", tp_ckpt, True, "float32", tensor_parallel_size=2)
+    _compare(tp2, tp1_ref, LP_TOL["float32"])
+
+
+@TWO_GPUS
+@pytest.mark.parametrize("shared", ["separate", "fused"])
+def test_tp2_expert_parallel_matches_tp1(tp_ckpt, tp1_ref, tmp_path, shared):
+    """TP2 with expert parallelism: each rank holds half of the experts
+    (vLLM's expert map). ``fused``: the shared expert is one more expert row
+    (the #51632 entry's case: an odd expert count split over two ranks)."""
+    extra = {"hf_overrides": {"fuse_shared_expert": True}} if shared == "fused" else {}
+    ep = _run(tmp_path / "ep", tp_ckpt, True, "float32", tensor_parallel_size=2,
+              enable_expert_parallel=True, **extra)
+    _compare(ep, tp1_ref, LP_TOL["float32"])

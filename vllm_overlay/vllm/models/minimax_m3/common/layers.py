@@ -133,6 +133,7 @@ class MiniMaxM3MoE(nn.Module):
                 f"{SWIGLU_ALPHA} and limit {SWIGLU_LIMIT}; the config has "
                 f"{config.swiglu_alpha} / {config.swiglu_limit}."
             )
+        _check_expert_parallel_platform()
         n_exp = config.num_local_experts
         self.n_routed_experts = n_exp
         self.routed_scaling_factor = float(config.routed_scaling_factor)
@@ -298,6 +299,22 @@ def _check_gate_up_layout(experts, intermediate_size: int) -> None:
 def _top_config():
     vc = get_current_vllm_config_or_none()
     return vc.model_config.hf_config if vc is not None else None
+
+
+def _check_expert_parallel_platform() -> None:
+    """vLLM 0.23's CPU MoE (``cpu_fused_moe_torch``) indexes experts by their
+    global id and has no expert map, so expert parallelism on CPU dies with an
+    IndexError in the first forward; refuse it at model construction."""
+    from vllm.platforms import current_platform
+
+    vc = get_current_vllm_config_or_none()
+    if (vc is not None and vc.parallel_config.enable_expert_parallel
+            and current_platform.is_cpu()):
+        raise ValueError(
+            "MiniMax-M3: expert parallelism (--enable-expert-parallel) needs a "
+            "GPU; vLLM's CPU MoE has no expert map. On CPU use tensor "
+            "parallelism alone (drop --enable-expert-parallel)."
+        )
 
 
 def fuse_shared_expert_enabled(config, top_config=None) -> bool:
