@@ -15,6 +15,8 @@ bf16 (``kv_cache_dtype_skip_layers``) so only the sparse layers differ:
     model: same e4m3 precision, other roundings) -- a misapplied scale
     gives errors of order 1.
 A K/V cache dtype that is not FP8 is refused with a clear error.
+``--kv-cache-dtype-skip-layers`` applies to the sparse layers as to vLLM's
+Attention: a listed sparse layer keeps a model-dtype cache (and no scales).
 """
 
 import pytest
@@ -84,3 +86,29 @@ def test_per_token_head_scales_need_an_fp8_cache(ckpt, tmp_path):
     res = _run(tmp_path / "bad", ckpt, hf_overrides=PTH)
     assert "per_token_head" in res.get("error", ""), res
     assert "--kv-cache-dtype fp8" in res["error"], res
+
+
+LAYER_PROBE = '''
+def probe(model):
+    from vllm.models.minimax_m3.common.attention import MiniMaxM3SparseAttention
+    return {m.layer_name: [str(m.kv_cache.dtype), m.impl.per_token_head_scales,
+                           int(m.kv_cache.shape[-1])]
+            for m in model.modules() if isinstance(m, MiniMaxM3SparseAttention)}
+'''
+
+
+def test_skip_layers_apply_to_sparse_layers(ckpt, tmp_path):
+    """Layers 1-3 are sparse; skipping "2" leaves its cache bf16 without the
+    scale padding, while layers 1 and 3 hold FP8 rows with per-row scales."""
+    g = torch.Generator().manual_seed(11)
+    prompt = torch.randint(3, 500, (PROMPT_LEN,), generator=g).tolist()
+    kw = dict(dtype="bfloat16", block_size=32, max_model_len=256, enable_prefix_caching=False,
+              kv_cache_dtype="fp8", kv_cache_dtype_skip_layers=["0", "2"], hf_overrides=PTH)
+    res = run_vllm(str(tmp_path / "skip"), ckpt, [prompt], 4, llm_kwargs=kw, probe=LAYER_PROBE)
+    assert "error" not in res, res.get("traceback", res)
+    layers = {name.split(".layers.")[1].split(".")[0]: v for name, v in res["probe"].items()}
+    head = layers["2"][2]
+    assert layers["2"] == ["torch.bfloat16", False, head], layers
+    for i in ("1", "3"):
+        assert layers[i] == ["torch.float8_e4m3fn", True, head + 16], layers
+    assert len(res["rounds"][0][0]["tokens"]) == 4

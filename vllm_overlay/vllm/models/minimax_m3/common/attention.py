@@ -20,6 +20,23 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttent
 from .backend import MiniMaxM3IndexerBackend, MiniMaxM3SparseBackend
 
 
+def _skips_kv_quant(cache_config: CacheConfig | None, prefix: str) -> bool:
+    """``--kv-cache-dtype-skip-layers``: this layer's index is listed (as for
+    vLLM's Attention; "sliding_window" never names an MSA layer)."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    skip = cache_config.kv_cache_dtype_skip_layers if cache_config else None
+    return bool(skip) and str(extract_layer_index(prefix)) in skip
+
+
+def _layer_kv_cache_dtype(cache_config: CacheConfig | None, prefix: str) -> str:
+    """The KV cache dtype of the sparse layer ``prefix``: the engine's, or
+    "auto" (model dtype) when the layer is in the skip list."""
+    if cache_config is None or _skips_kv_quant(cache_config, prefix):
+        return "auto"
+    return cache_config.cache_dtype
+
+
 def _sparse_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype):
     """K/V cache dtype of a sparse layer: the model dtype or FP8 e4m3."""
     if kv_cache_dtype == "auto":
@@ -118,9 +135,11 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         self.num_kv_heads = num_kv_heads
         self.head_size = head_size
         self.cache_config = cache_config
-        self.kv_cache_dtype = cache_config.cache_dtype if cache_config else "auto"
+        self.kv_cache_dtype = _layer_kv_cache_dtype(cache_config, prefix)
         self.dtype = torch.get_default_dtype()
         self.cache_torch_dtype = _sparse_cache_dtype(self.kv_cache_dtype, self.dtype)
+        if per_token_head_scales and _skips_kv_quant(cache_config, prefix):
+            per_token_head_scales = False  # this layer keeps a model-dtype cache
         if per_token_head_scales and self.cache_torch_dtype != torch.float8_e4m3fn:
             raise ValueError(
                 "MiniMax-M3: msa_kv_cache_scales='per_token_head' scales an FP8 "
