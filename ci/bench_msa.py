@@ -13,6 +13,9 @@ Shapes: one TP4 rank of MiniMax-M3 -- 16 query heads, 1 KV head, head_dim 128,
    many replays, L2 flushed before each (a warm-L2 median is kept in the JSON);
    the HBM floor (index-key bytes + selected K/V bytes over the device-to-device
    copy bandwidth measured in this run) and dense SDPA over the whole context.
+   Plus the one-launch variants (fused top-k select in the index kernel,
+   split merge fused into the attention kernel: ``fused_select`` /
+   ``fused_merge``) with their own timings and a check of equal results.
    Plus the optional fp8 index-key cache: its index+top-k time and the overlap
    of its selection with the bf16 one.
 3. Prefill: one request, a chunk of 8192 new tokens at the end of an 8k / 32k /
@@ -445,6 +448,35 @@ def bench(args):
                     row["attention_us"] = timer.time_graph(g_attn)
                     row["total_us"] = timer.time_graph(g_tot)
                     row["total_warm_us"] = timer.time_graph(g_tot, flush=False)
+                    # the one-launch decode index (fused select): same ids, own timing
+                    sel_f = torch.full_like(sel, -7)
+
+                    def idx_fused():
+                        index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                         bt.token_pos, B, TOPK, out=sel_f,
+                                         num_decode_tokens=bt.T, fused_select=True)
+
+                    o_f = torch.empty_like(o)
+
+                    def attn_fused():
+                        block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                               bt.token_pos, sel, B, D ** -0.5, kv_mode,
+                                               bt.k_scale, bt.v_scale, bt.kv_scales, out=o_f,
+                                               fused_merge=True)
+
+                    def total_fused():
+                        idx_fused()
+                        attn_fused()
+                    idx_fused()
+                    torch.cuda.synchronize()
+                    row["fused_select_equal"] = bool(torch.equal(sel_f, sel))
+                    attn()
+                    attn_fused()
+                    torch.cuda.synchronize()
+                    row["fused_merge_max_diff"] = float((o_f.float() - o.float()).abs().max())
+                    row["attention_fused_us"] = timer.time_graph(timer.graph(attn_fused))
+                    row["index_topk_fused_us"] = timer.time_graph(timer.graph(idx_fused))
+                    row["total_fused_us"] = timer.time_graph(timer.graph(total_fused))
                     kv_bytes = 2 * B * D * (2 if kv_mode == 0 else 1) * HKV * min(TOPK, ctx // B)
                     byt = batch * (ctx * DIDX * 2 + kv_bytes)
                     row["floor_us"] = byt / bw * 1e6
@@ -603,15 +635,21 @@ def to_markdown(res):
                     if 'error' not in e else " (exception, see JSON)"))
     L += ["", "## Decode (microseconds)", "",
           "| batch | context | KV | index+top-k | attention | total | floor | total/floor | dense "
-          "| index+top-k fp8-idx | floor fp8-idx | fp8-idx overlap |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| index+top-k fp8-idx | floor fp8-idx | fp8-idx overlap "
+          "| index+top-k fused select | attention fused merge | total fused |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("decode", []):
         ratio = (r["total_us"] / r["floor_us"]) if "total_us" in r and "floor_us" in r else None
         L.append(f"| {r['batch']} | {r['context'] // 1024}k | {r['kv']} | "
                  f"{_f(r.get('index_topk_us'))} | {_f(r.get('attention_us'))} | "
                  f"{_f(r.get('total_us'))} | {_f(r.get('floor_us'))} | {_f(ratio, 2)} | "
                  f"{_f(r.get('dense_us'))} | {_f(r.get('index_topk_fp8idx_us'))} | "
-                 f"{_f(r.get('floor_fp8idx_us'))} | {_f(r.get('fp8idx_topk_overlap'), 3)} |"
+                 f"{_f(r.get('floor_fp8idx_us'))} | {_f(r.get('fp8idx_topk_overlap'), 3)} | "
+                 f"{_f(r.get('index_topk_fused_us'))}"
+                 f"{'' if r.get('fused_select_equal', True) else ' (ids DIFFER)'} | "
+                 f"{_f(r.get('attention_fused_us'))}"
+                 f"{'' if r.get('fused_merge_max_diff', 0.0) < 1e-2 else ' (output DIFFERS)'} | "
+                 f"{_f(r.get('total_fused_us'))} |"
                  + (" ERROR |" if "error" in r else ""))
     L += ["", "## Prefill, chunk of 8192 at the end of the context (milliseconds)", "",
           "| context | KV | index+top-k | attention | total | dense | attention TFLOP/s |",

@@ -249,6 +249,15 @@ def random_selection(batch, Hkv, topk, B, full_prob=0.7):
     return sel.to(DEVICE)
 
 
+def assert_counters_zero():
+    """The fused decode select / split merge leave their arrival counters zeroed (they are
+    reused by the next launch and by CUDA-graph replays)."""
+    from vllm.models.minimax_m3.common.triton_ops import _utils
+    assert _utils._COUNTERS, "no arrival counters were allocated"
+    for buf in _utils._COUNTERS.values():
+        assert int(buf.abs().sum()) == 0, "fused select left arrival counters set"
+
+
 def tol(dtype):
     return {torch.float32: (2e-4, 2e-4), torch.float16: (3e-3, 1e-2),
             torch.bfloat16: (2e-2, 3e-2)}[dtype]
@@ -287,7 +296,8 @@ def test_index_block_topk(case, shape, dtype):
     scores = ref_block_scores(batch, idx_q, idx_k, B, local=1, init=0)
     # decode path for the decode tokens + prefill path for the rest (the
     # backend's split), all-prefill, the default, and all-decode where cheap
-    variants = [dict(num_decode_tokens=n_dec), dict(num_decode_tokens=0), dict()]
+    variants = [dict(num_decode_tokens=n_dec), dict(num_decode_tokens=0), dict(),
+                dict(num_decode_tokens=n_dec, fused_select=True)]
     if ON_GPU or batch.T <= 12:
         variants.append(dict(num_decode_tokens=batch.T))
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
@@ -295,13 +305,17 @@ def test_index_block_topk(case, shape, dtype):
         # the context with a merge, top-k selection streaming several chunks
         variants += [dict(num_decode_tokens=n_dec, blocks_per_prog=2, select_chunk=4),
                      dict(num_decode_tokens=n_dec, context_splits=3),
-                     dict(num_decode_tokens=n_dec, context_splits=3, select_chunk=4)]
+                     dict(num_decode_tokens=n_dec, context_splits=3, select_chunk=4),
+                     dict(num_decode_tokens=n_dec, blocks_per_prog=2, select_chunk=4,
+                          fused_select=True)]
     for kw in variants:
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, out=out, **kw)
         assert got.data_ptr() == out.data_ptr()
         check_topk(got, scores, topk, tag=f"[seed {seed} {kw}]")
+        if kw.get("fused_select"):
+            assert_counters_zero()
 
 
 @pytest.mark.parametrize("local,init", [(2, 1), (3, 0), (0, 0), (1, 2)])
@@ -316,7 +330,8 @@ def test_index_block_topk_local_init(local, init):
     idx_k, _ = make_idx_cache(batch, Didx, dtype)
     scores = ref_block_scores(batch, idx_q, idx_k, B, local=local, init=init)
     for kw in (dict(num_decode_tokens=batch.T), dict(num_decode_tokens=0),
-               dict(num_decode_tokens=2, context_splits=2, select_chunk=2)):
+               dict(num_decode_tokens=2, context_splits=2, select_chunk=2),
+               dict(num_decode_tokens=2, fused_select=True)):
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, local, init, out=out, **kw)
@@ -384,13 +399,18 @@ def test_block_sparse_attention(case, shape, dtype):
     ref = ref_attention(batch, q, deq, sel, B, scale)
     atol, rtol = tol(dtype)
     splits_list = (1, 2, topk) if case == "mixed" else (1, 2)
-    for splits in ((None,) + splits_list if ON_GPU else splits_list):
+    runs = [(n, False) for n in ((None,) + splits_list if ON_GPU else splits_list)]
+    runs += [(n, True) for n in splits_list if n != 1]  # the split merge fused in
+    for splits, fused in runs:
         out = torch.full_like(q, float("nan"))
         got = block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
-                                     sel, B, scale, out=out, num_splits=splits)
+                                     sel, B, scale, out=out, num_splits=splits,
+                                     fused_merge=fused)
         assert got.data_ptr() == out.data_ptr()
         torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
-                                   msg=lambda m: f"[seed {seed} splits {splits}] {m}")
+                                   msg=lambda m: f"[seed {seed} splits {splits} fused {fused}] {m}")
+        if fused:
+            assert_counters_zero()
 
 
 @pytest.mark.parametrize("Hq,Hkv", [(5, 1), (6, 2)] if not ON_GPU else [(24, 1), (48, 4)])

@@ -9,6 +9,30 @@ import torch
 from ._triton import HAS_TRITON
 
 
+_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+
+
+def arrival_counters(device: torch.device, purpose: str, n: int) -> torch.Tensor:
+    """A persistent zeroed int32 buffer of >= n arrival counters for a
+    "last program finishes the job" kernel (fused top-k select, fused split
+    merge); those kernels leave it zeroed, so it stays valid across launches
+    and CUDA-graph replays.  One buffer per device and purpose.  Grown only
+    outside CUDA-graph capture: a buffer made during capture would live in the
+    graph's memory pool."""
+    key = (torch.device(device), purpose)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        if key[0].type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"MSA {purpose}: {n} arrival counters needed during CUDA-graph "
+                f"capture, {0 if buf is None else buf.numel()} allocated before it; "
+                "run one eager step of the largest batch first (vLLM's profile run does)."
+            )
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
 def next_pow2(x: int) -> int:
     """Smallest power of two >= max(x, 1)."""
     x = max(int(x), 1)

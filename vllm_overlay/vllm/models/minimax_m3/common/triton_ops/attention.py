@@ -11,8 +11,8 @@ sizes (CUDA-graph capturable, no host syncs).
 
 import torch
 
-from ._utils import (cdiv, check_block_table, check_int32_vector, check_triton,
-                     largest_pow2_divisor, next_pow2, num_sms)
+from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
+                     check_triton, largest_pow2_divisor, next_pow2, num_sms)
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
 
@@ -85,6 +85,7 @@ def block_sparse_attention(
     fold_scalar_scales: bool = True,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    fused_merge: bool = False,
     _tune: dict | None = None,
 ) -> torch.Tensor:
     """Block-sparse GQA attention of each query token over its selected blocks.
@@ -103,6 +104,8 @@ def block_sparse_attention(
         every loaded K/V element instead (A/B benchmarks only).
       out: optional [T, Hq, D] output (q dtype).
       num_splits: override of the split count over selected blocks (tests).
+      fused_merge: with several splits, the split program that finishes last
+        merges them (arrival counters in a persistent buffer): no merge launch.
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
         num_stages).
     Returns: [T, Hq, D] in q.dtype.
@@ -156,10 +159,12 @@ def block_sparse_attention(
         part_o = torch.empty((T, HQ, splits, D_PAD), dtype=torch.float32, device=device)
         part_lse = torch.empty((T, HQ, splits), dtype=torch.float32, device=device)
         o_ptr, ost = out, (HQ, 1)
+    fused = fused_merge and splits > 1
+    counters = arrival_counters(device, "attention_merge", T * HKV) if fused else dummy
     sparse_attn_fwd_kernel[(T, HKV, splits)](
         q, kv_cache, block_table, token_req, token_pos, topk_blocks,
         o_ptr, part_o, part_lse,
-        ks, vs, kvs,
+        ks, vs, kvs, counters,
         float(scale),
         q.stride(0), q.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
@@ -167,14 +172,16 @@ def block_sparse_attention(
         block_table.stride(0),
         topk_blocks.stride(0), topk_blocks.stride(1),
         ost[0], ost[1],
+        out.stride(0), out.stride(1),
         G=G, G_PAD=G_PAD, D=D, D_PAD=D_PAD,
         TOPK=topk, SLOTS=slots, NUM_SPLITS=splits,
         SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
         SCALE_MODE=kernel_mode, IEEE=ieee,
         FP16_MMA=(kv_scale_mode != 0 and q.dtype == torch.bfloat16),
+        FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
         num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2),
     )
-    if splits > 1:
+    if splits > 1 and not fused:
         sparse_attn_merge_kernel[(T, HQ)](
             part_o, part_lse, out,
             out.stride(0), out.stride(1),

@@ -17,27 +17,39 @@ Layouts (element strides, last dim contiguous):
                block only: max over keys j in block b with j <= pos of
                fp32 dot(idx_q, idx_k) (no softmax scale); forced blocks (own,
                ``LOCAL - 1`` preceding ones, the first ``INIT``) get +inf.
+
+FUSED_SELECT (stage 2 in the same launch): each program then increments the
+token's arrival counter ``counters[t]`` (int32, zero before the launch); the
+program that arrives last reads the token's complete score rows and writes
+the top-k block ids to ``sel [T, H, TOPK]`` (as block_topk_select_kernel),
+then puts the counter back to 0, so a persistent zeroed buffer stays valid
+across launches and CUDA-graph replays.  One launch instead of two.
 """
 
 from ._paged import paged_row_offsets
 from ._triton import tl, triton
+from .index_topk_select import select_topk_row
 
 
 @triton.jit
 def index_block_max_decode_kernel(
     q_ptr, k_ptr, ks_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
-    tok_base,
+    sel_ptr, cnt_ptr,
+    tok_base, max_blocks,
     stride_qt, stride_qh,
     stride_kp, stride_ks,
     stride_sp, stride_ss,
     stride_bt,
     stride_ot, stride_oh,
+    stride_selt, stride_selh,
     H: tl.constexpr, H_PAD: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCKS_PER_PROG: tl.constexpr, PAGE_SIZE: tl.constexpr,
     LOCAL: tl.constexpr, INIT: tl.constexpr,
     K_SCALED: tl.constexpr, IEEE: tl.constexpr,
+    FUSED_SELECT: tl.constexpr = False, TOPK: tl.constexpr = 1,
+    TOPK_PAD: tl.constexpr = 1, CHUNK: tl.constexpr = 16, SINGLE_CHUNK: tl.constexpr = True,
 ):
     pid_c = tl.program_id(0)
     t = tok_base + tl.program_id(1)
@@ -79,3 +91,16 @@ def index_block_max_decode_kernel(
         forced = (b > own - LOCAL) | (b < INIT)
         bmax = tl.where(forced, float("inf"), bmax)
         tl.store(out_row + b, bmax, mask=hmask)
+    if FUSED_SELECT:
+        # acq_rel: this program's score stores are released before the count,
+        # and the last arriver acquires everyone else's
+        tl.debug_barrier()  # every thread's stores precede the release
+        arrived = tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel")
+        if arrived == tl.num_programs(0) - 1:
+            n_valid = tl.minimum(own + 1, max_blocks)
+            t64 = t.to(tl.int64)
+            for h in range(H):
+                select_topk_row(out_ptr, out_ptr, t64 * stride_ot + h * stride_oh, n_valid,
+                                sel_ptr + t64 * stride_selt + h * stride_selh,
+                                TOPK, TOPK_PAD, CHUNK, False, SINGLE_CHUNK, True)
+            tl.atomic_xchg(cnt_ptr + t, 0)

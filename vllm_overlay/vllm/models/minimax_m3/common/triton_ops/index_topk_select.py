@@ -32,6 +32,41 @@ def topk_insert(run_v, run_i, offs_k, new_v, new_i):
 
 
 @triton.jit
+def select_topk_row(
+    vals_ptr, ids_ptr, row, n_valid, out_row_ptr,
+    TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    HAS_IDS: tl.constexpr, SINGLE_CHUNK: tl.constexpr, VOLATILE: tl.constexpr,
+):
+    """Top-k of ``vals[row + 0 .. row + n_valid)`` into ``out_row_ptr[0:TOPK]``.
+    VOLATILE: read the row uncached (it was written by other programs of the
+    same launch; see index_block_max_decode_kernel's FUSED_SELECT)."""
+    offs_k = tl.arange(0, TOPK_PAD)
+    offs_c = tl.arange(0, CHUNK)
+    # padded slots hold +inf so they are never the minimum (never written out)
+    run_v = tl.where(offs_k < TOPK, float("-inf"), float("inf"))
+    run_i = tl.full([TOPK_PAD], -1, tl.int32)
+    for c0 in range(0, n_valid, CHUNK):
+        cols = c0 + offs_c
+        cmask = cols < n_valid
+        v = tl.load(vals_ptr + row + cols, mask=cmask, other=float("-inf"), volatile=VOLATILE)
+        if HAS_IDS:
+            ids = tl.load(ids_ptr + row + cols, mask=cmask, other=-1)
+        for it in tl.static_range(TOPK):
+            best, j = tl.max(v, axis=0, return_indices=True)
+            if HAS_IDS:
+                bid = tl.sum(tl.where(offs_c == j, ids, 0), axis=0)
+            else:
+                bid = c0 + j
+            if SINGLE_CHUNK:
+                # extraction order is descending: slot `it` gets the it-th best
+                run_i = tl.where(offs_k == it, tl.where(best > float("-inf"), bid, -1), run_i)
+            else:
+                run_v, run_i = topk_insert(run_v, run_i, offs_k, best, bid.to(tl.int32))
+            v = tl.where(offs_c == j, float("-inf"), v)
+    tl.store(out_row_ptr + offs_k, run_i, mask=offs_k < TOPK)
+
+
+@triton.jit
 def block_topk_select_kernel(
     vals_ptr, ids_ptr, pos_ptr, out_ptr,
     tok_base, N,
@@ -48,29 +83,6 @@ def block_topk_select_kernel(
         n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, N)
     else:
         n_valid = N
-    row = t.to(tl.int64) * stride_vt + h * stride_vh
-    offs_k = tl.arange(0, TOPK_PAD)
-    offs_c = tl.arange(0, CHUNK)
-    # padded slots hold +inf so they are never the minimum (never written out)
-    run_v = tl.where(offs_k < TOPK, float("-inf"), float("inf"))
-    run_i = tl.full([TOPK_PAD], -1, tl.int32)
-    for c0 in range(0, n_valid, CHUNK):
-        cols = c0 + offs_c
-        cmask = cols < n_valid
-        v = tl.load(vals_ptr + row + cols, mask=cmask, other=float("-inf"))
-        if HAS_IDS:
-            ids = tl.load(ids_ptr + row + cols, mask=cmask, other=-1)
-        for it in tl.static_range(TOPK):
-            best, j = tl.max(v, axis=0, return_indices=True)
-            if HAS_IDS:
-                bid = tl.sum(tl.where(offs_c == j, ids, 0), axis=0)
-            else:
-                bid = c0 + j
-            if SINGLE_CHUNK:
-                # extraction order is descending: slot `it` gets the it-th best
-                run_i = tl.where(offs_k == it, tl.where(best > float("-inf"), bid, -1), run_i)
-            else:
-                run_v, run_i = topk_insert(run_v, run_i, offs_k, best, bid.to(tl.int32))
-            v = tl.where(offs_c == j, float("-inf"), v)
-    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + offs_k, run_i,
-             mask=offs_k < TOPK)
+    select_topk_row(vals_ptr, ids_ptr, t.to(tl.int64) * stride_vt + h * stride_vh, n_valid,
+                    out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh,
+                    TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False)

@@ -27,8 +27,8 @@ without a context split, i.e. slower at long context).
 
 import torch
 
-from ._utils import (cdiv, check_block_table, check_int32_vector, check_triton,
-                     largest_pow2_divisor, next_pow2, num_sms)
+from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
+                     check_triton, largest_pow2_divisor, next_pow2, num_sms)
 from .index_score_decode import index_block_max_decode_kernel
 from .index_topk_prefill import index_topk_prefill_kernel
 from .index_topk_select import block_topk_select_kernel
@@ -99,6 +99,7 @@ def index_block_topk(
     blocks_per_prog: int | None = None,
     context_splits: int | None = None,
     select_chunk: int | None = None,
+    fused_select: bool = False,
     _tune: dict | None = None,
 ) -> torch.Tensor:
     """Select the top-k sparse blocks per (query token, index head).
@@ -117,6 +118,8 @@ def index_block_topk(
         ``max_pages * page_size``); sizes the decode grid and score buffer.
       blocks_per_prog, context_splits, select_chunk: tuning overrides (tests
         use them to exercise every code path; select_chunk a power of two).
+      fused_select: decode path in one launch (the last scoring program of a
+        token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
         num_warps, num_stages).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
@@ -163,32 +166,38 @@ def index_block_topk(
         H_PAD = max(16, next_pow2(H))
         scores = torch.empty((nd, H, max_blocks), dtype=torch.float32, device=device)
         grid = (cdiv(max_blocks, bpp), nd)
+        chunk = select_chunk or min(next_pow2(max_blocks), 2048)
+        counters = arrival_counters(device, "index_select", nd) if fused_select else scores
         index_block_max_decode_kernel[grid](
             idx_q, idx_k_cache, ks, block_table, token_req, token_pos, scores,
-            0,
+            out, counters,
+            0, max_blocks,
             idx_q.stride(0), idx_q.stride(1),
             idx_k_cache.stride(0), idx_k_cache.stride(1),
             s_sp, s_ss,
             block_table.stride(0),
             scores.stride(0), scores.stride(1),
+            out.stride(0), out.stride(1),
             H=H, H_PAD=H_PAD, D=D, D_PAD=D_PAD,
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N,
             BLOCKS_PER_PROG=bpp, PAGE_SIZE=page_size,
             LOCAL=local_blocks, INIT=init_blocks,
             K_SCALED=k_scaled, IEEE=ieee,
+            FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
+            SINGLE_CHUNK=max_blocks <= chunk,
             num_warps=4,
         )
-        chunk = select_chunk or min(next_pow2(max_blocks), 2048)
-        block_topk_select_kernel[(nd, H)](
-            scores, scores, token_pos, out,
-            0, max_blocks,
-            scores.stride(0), scores.stride(1),
-            out.stride(0), out.stride(1),
-            TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
-            SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
-            SINGLE_CHUNK=max_blocks <= chunk,
-            num_warps=_select_warps(chunk),
-        )
+        if not fused_select:
+            block_topk_select_kernel[(nd, H)](
+                scores, scores, token_pos, out,
+                0, max_blocks,
+                scores.stride(0), scores.stride(1),
+                out.stride(0), out.stride(1),
+                TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
+                SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
+                SINGLE_CHUNK=max_blocks <= chunk,
+                num_warps=_select_warps(chunk),
+            )
 
     npf = T - nd
     if npf > 0:

@@ -28,7 +28,12 @@ Layouts (element strides):
   NUM_SPLITS  > 1: part_o [T, Hq, NUM_SPLITS, D] float32 (normalised per
                    split) and part_lse [T, Hq, NUM_SPLITS] float32 (log2 of
                    the split's softmax mass, -inf if empty), merged by
-                   ``sparse_attn_merge``.
+                   ``sparse_attn_merge``; or, with FUSED_MERGE, by the
+                   split program of (token, KV head) that finishes last: it
+                   counts arrivals in ``counters[t * Hkv + kv_head]`` (int32,
+                   zero before the launch, put back to zero) and writes ``out``
+                   (strides ``stride_fot``, ``stride_foh``).  One launch, no
+                   merge kernel.
 Rows with no visible key produce zeros.
 With an fp8 cache and bf16 queries (FP16_MMA) the tl.dot operands are fp16:
 fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
@@ -43,7 +48,7 @@ from ._triton import tl, triton
 def sparse_attn_fwd_kernel(
     q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, topk_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
-    k_scale_ptr, v_scale_ptr, kvs_ptr,
+    k_scale_ptr, v_scale_ptr, kvs_ptr, cnt_ptr,
     sm_scale,
     stride_qt, stride_qh,
     stride_cp, stride_ckv, stride_cs, stride_ch,
@@ -51,11 +56,13 @@ def sparse_attn_fwd_kernel(
     stride_bt,
     stride_tt, stride_th,
     stride_ot, stride_oh,
+    stride_fot, stride_foh,
     G: tl.constexpr, G_PAD: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr,
     TOPK: tl.constexpr, SLOTS: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
+    FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 2,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
@@ -149,3 +156,30 @@ def sparse_attn_fwd_kernel(
                  mask=omask)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + ph * NUM_SPLITS + split, lse, mask=mmask)
+        if FUSED_MERGE:
+            tl.debug_barrier()  # every thread's partial stores precede the release
+            cnt = cnt_ptr + t64 * tl.num_programs(1) + g
+            arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
+            if arrived == NUM_SPLITS - 1:
+                # log-sum-exp merge of the NUM_SPLITS partials (uncached reads:
+                # other programs of this launch wrote them)
+                offs_s = tl.arange(0, S_PAD)
+                lse_all = tl.load(part_lse_ptr + ph[:, None] * NUM_SPLITS + offs_s[None, :],
+                                  mask=mmask[:, None] & (offs_s[None, :] < NUM_SPLITS),
+                                  other=float("-inf"), volatile=True)
+                mx = tl.max(lse_all, axis=1)
+                mx = tl.where(mx == float("-inf"), 0.0, mx)
+                w_sum = tl.sum(tl.exp2(lse_all - mx[:, None]), axis=1)
+                w_sum = tl.where(w_sum > 0.0, w_sum, 1.0)
+                res = tl.zeros([G_PAD, D_PAD], tl.float32)
+                for s_i in tl.static_range(NUM_SPLITS):
+                    lse_s = tl.load(part_lse_ptr + ph * NUM_SPLITS + s_i, mask=mmask,
+                                    other=float("-inf"), volatile=True)
+                    w = tl.exp2(lse_s - mx) / w_sum  # 0 for empty splits
+                    o_s = tl.load(part_o_ptr + (ph[:, None] * NUM_SPLITS + s_i) * D_PAD
+                                  + offs_d[None, :], mask=omask & (w[:, None] > 0.0),
+                                  other=0.0, volatile=True)
+                    res += o_s * w[:, None]
+                fptr = out_ptr + t64 * stride_fot + heads[:, None] * stride_foh + offs_d[None, :]
+                tl.store(fptr, res.to(out_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(cnt, 0)
