@@ -560,6 +560,20 @@ def sweep(timer, dev):
                 out=sel, num_decode_tokens=bt.T, blocks_per_prog=bpp))
             out.append(dict(kind="decode_index", batch=batch, context=ctx, blocks_per_prog=bpp, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
+        # software-pipelined block walk (decode_stages) and warps per program
+        for bpp, tune in ((2, dict(decode_stages=2)), (4, dict(decode_stages=2)),
+                          (4, dict(decode_stages=3)), (8, dict(decode_stages=3)),
+                          (4, dict(decode_stages=3, decode_warps=8)),
+                          (1, dict(decode_warps=8)), (2, dict(decode_warps=2))):
+            try:
+                t = timer.time_fn(lambda: index_block_topk(
+                    bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                    out=sel, num_decode_tokens=bt.T, blocks_per_prog=bpp, _tune=tune))
+            except Exception as e:  # noqa: BLE001
+                t = repr(e)[:200]
+            out.append(dict(kind="decode_index", batch=batch, context=ctx, blocks_per_prog=bpp,
+                            tune=tune, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
         for ns in (1, 2, 4, 8, 16):
             t = timer.time_fn(lambda: block_sparse_attention(
                 bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,

@@ -307,7 +307,9 @@ def test_index_block_topk(case, shape, dtype):
                      dict(num_decode_tokens=n_dec, context_splits=3),
                      dict(num_decode_tokens=n_dec, context_splits=3, select_chunk=4),
                      dict(num_decode_tokens=n_dec, blocks_per_prog=2, select_chunk=4,
-                          fused_select=True)]
+                          fused_select=True),
+                     dict(num_decode_tokens=n_dec, blocks_per_prog=3,
+                          _tune=dict(decode_stages=2))]
     for kw in variants:
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,

@@ -24,11 +24,42 @@ program that arrives last reads the token's complete score rows and writes
 the top-k block ids to ``sel [T, H, TOPK]`` (as block_topk_select_kernel),
 then puts the counter back to 0, so a persistent zeroed buffer stays valid
 across launches and CUDA-graph replays.  One launch instead of two.
+DEC_STAGES > 0 software-pipelines the walk over a program's blocks (tl.range
+num_stages; a tuning knob for BLOCKS_PER_PROG > 1), 0 is a plain loop.
 """
 
 from ._paged import paged_row_offsets
 from ._triton import tl, triton
 from .index_topk_select import select_topk_row
+
+
+@triton.jit
+def _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d, dmask, hmask,
+                 H_PAD: tl.constexpr, stride_kp, stride_ks, stride_sp, stride_ss,
+                 SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                 LOCAL: tl.constexpr, INIT: tl.constexpr,
+                 K_SCALED: tl.constexpr, IEEE: tl.constexpr):
+    """Max score of sparse block ``b`` for every index head -> out_row[h, b]."""
+    bmax = tl.full([H_PAD], float("-inf"), tl.float32)
+    for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+        kp = b * SPARSE_BLOCK + n0 + offs_n
+        kmask = kp <= pos
+        row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
+        k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
+                    mask=kmask[:, None] & dmask[None, :], other=0.0)
+        if IEEE:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        if K_SCALED:
+            srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+            ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
+            s = s * ksc[None, :]
+        s = tl.where(kmask[None, :], s, float("-inf"))
+        bmax = tl.maximum(bmax, tl.max(s, axis=1))
+    forced = (b > own - LOCAL) | (b < INIT)
+    bmax = tl.where(forced, float("inf"), bmax)
+    tl.store(out_row + b, bmax, mask=hmask)
 
 
 @triton.jit
@@ -50,6 +81,7 @@ def index_block_max_decode_kernel(
     K_SCALED: tl.constexpr, IEEE: tl.constexpr,
     FUSED_SELECT: tl.constexpr = False, TOPK: tl.constexpr = 1,
     TOPK_PAD: tl.constexpr = 1, CHUNK: tl.constexpr = 16, SINGLE_CHUNK: tl.constexpr = True,
+    DEC_STAGES: tl.constexpr = 0,
 ):
     pid_c = tl.program_id(0)
     t = tok_base + tl.program_id(1)
@@ -69,28 +101,17 @@ def index_block_max_decode_kernel(
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     out_row = out_ptr + t.to(tl.int64) * stride_ot + offs_h * stride_oh
 
-    for i in range(0, nb):
-        b = b0 + i
-        bmax = tl.full([H_PAD], float("-inf"), tl.float32)
-        for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-            kp = b * SPARSE_BLOCK + n0 + offs_n
-            kmask = kp <= pos
-            row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
-            k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
-                        mask=kmask[:, None] & dmask[None, :], other=0.0)
-            if IEEE:
-                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k.to(q.dtype)))
-            if K_SCALED:
-                srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
-                ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
-                s = s * ksc[None, :]
-            s = tl.where(kmask[None, :], s, float("-inf"))
-            bmax = tl.maximum(bmax, tl.max(s, axis=1))
-        forced = (b > own - LOCAL) | (b < INIT)
-        bmax = tl.where(forced, float("inf"), bmax)
-        tl.store(out_row + b, bmax, mask=hmask)
+    if DEC_STAGES > 0:  # software-pipelined walk over this program's blocks
+        for i in tl.range(0, nb, num_stages=DEC_STAGES):
+            _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
+                         dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
+                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
+    else:
+        for i in range(0, nb):
+            _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
+                         dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
+                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
+
     if FUSED_SELECT:
         # acq_rel: this program's score stores are released before the count,
         # and the last arriver acquires everyone else's

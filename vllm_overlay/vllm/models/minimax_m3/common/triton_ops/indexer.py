@@ -121,7 +121,7 @@ def index_block_topk(
       fused_select: decode path in one launch (the last scoring program of a
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
-        num_warps, num_stages).
+        num_warps, num_stages; decode decode_stages, decode_warps).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -185,7 +185,8 @@ def index_block_topk(
             K_SCALED=k_scaled, IEEE=ieee,
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
-            num_warps=4,
+            DEC_STAGES=(_tune or {}).get("decode_stages", 0),
+            num_warps=(_tune or {}).get("decode_warps", 4),
         )
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
