@@ -18,9 +18,16 @@ show that the comparison detects the bug.
 import dataclasses
 
 import pytest
-from transformers import LlamaConfig
 
-from vllm.config.utils import normalize_value
+# transformers and vllm are imported inside the tests, not at collection: both
+# import triton.language, whose own @jit functions (tl.max, ...) must be made
+# after tests/kernels/conftest.py sets TRITON_INTERPRET (collected later).
+
+
+def normalize_value(x):
+    from vllm.config.utils import normalize_value as entry
+
+    return entry(x)
 
 
 def _normalize_base(x):
@@ -31,6 +38,8 @@ def _normalize_base(x):
 
 
 def _config(**extra):
+    from transformers import LlamaConfig
+
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     for k, v in extra.items():
