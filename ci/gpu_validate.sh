@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One device call per phase on a two-GPU H200 machine (`nvidia-h200-x2`), after
+# `bash .gpu/recv.sh install` (../shared/gpu/README): runs side by side what can,
+# stops before the call's 600 s limit, and leaves ONE file, $OUT/results.tgz
+# (the device tool returns at most 8 files).
+#
+#   bash ci/gpu_validate.sh tp      # TP2 and TP2 + expert parallelism vs TP1 (both GPUs)
+#   bash ci/gpu_validate.sh suites  # graphs vs eager bf16, then parity with graphs on
+#                                   # (GPU 0) beside the FP8 KV and FP8-checkpoint
+#                                   # suites (GPU 1)
+#   bash ci/gpu_validate.sh e2e     # seed 002's A/B (`--sections bench_ab`, GPU 0)
+#                                   # beside the throughput table without FP8 KV (GPU 1)
+#   bash ci/gpu_validate.sh bench   # ci/bench_msa.py (+ --sweep) on GPU 0
+#
+# Env: GIT_COMMIT (recorded), EXTRA_WHEELS (default /tmp/gpu-extra/e2e-wheels, from
+# ci/gpu_extra_wheels.sh), BUDGET_S (default 560: wall limit of the phase).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=${1:?usage: ci/gpu_validate.sh tp|suites|e2e|bench}
+OUT=${OUT:-out}; mkdir -p "$OUT"
+BUDGET_S=${BUDGET_S:-560}
+EXTRA_WHEELS=${EXTRA_WHEELS:-/tmp/gpu-extra/e2e-wheels}
+export GIT_COMMIT=${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+T0=$(date +%s)
+left() {  # seconds left of the phase budget, at least 10
+  local l=$(( BUDGET_S - ($(date +%s) - T0) )); echo $(( l > 10 ? l : 10 ))
+}
+case "$phase" in tp|suites|e2e|bench) ;;
+  *) echo "unknown phase '$phase' (tp | suites | e2e | bench)"; exit 2 ;; esac
+work="$OUT/$phase"; mkdir -p "$work"
+
+if [ -d "$EXTRA_WHEELS" ]; then  # once, before anything runs side by side
+  python -m pip install -q --no-index --no-deps --target "${EXTRA_SITE:-/tmp/site}" \
+    "$EXTRA_WHEELS"/*.whl > "$work/extra_wheels.log" 2>&1 || echo "extra wheels: pip failed"
+fi
+
+case "$phase" in
+  tp)  # a suite gets SIGINT at its budget, so pytest still reports
+    OUT="$work" SUITE_TIMEOUT=$(( $(left) - 10 )) RUN_SUITES="tp2" bash ci/gpu_series_tests.sh
+    ;;
+  suites)  # two suites per lane: half the budget each
+    OUT="$work" SUITE_TIMEOUT=$(( $(left) / 2 - 5 )) RUN_SUITES="" \
+      LANES="graphs_bf16 models_graphs;fp8kv fp8ckpt" bash ci/gpu_series_tests.sh
+    ;;
+  e2e)
+    d=$(( $(left) > 70 ? $(left) - 40 : 30 ))
+    CUDA_VISIBLE_DEVICES=0 timeout -s TERM $(( d + 30 )) python3 ci/gpu_e2e.py \
+      --wheels "$EXTRA_WHEELS" --sections bench_ab --deadline "$d" --out "$work/ab" \
+      > "$work/ab.out" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 timeout -s TERM $(( d + 30 )) python3 ci/gpu_e2e.py \
+      --wheels "$EXTRA_WHEELS" --sections throughput --tp-modes graphs:auto,eager:auto \
+      --deadline "$d" --out "$work/tput" > "$work/tput.out" 2>&1 &
+    wait
+    tail -40 "$work/ab/e2e.md" "$work/tput/e2e.md" 2>/dev/null
+    ;;
+  bench)
+    OUT="$work" CUDA_VISIBLE_DEVICES=0 timeout -s TERM "$(left)" \
+      python3 ci/bench_msa.py --sweep > "$work/bench.out" 2>&1
+    tail -40 "$work/bench.out"
+    ;;
+esac
+tar czf "$OUT/results.tgz" -C "$OUT" "$phase" && rm -rf "$work"
+echo "$phase: $(( $(date +%s) - T0 )) s; results in \$OUT/results.tgz"
