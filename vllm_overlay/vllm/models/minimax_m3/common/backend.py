@@ -77,15 +77,25 @@ def select_sparse_ops(device: torch.device) -> SparseOps:
     )
 
 
+def _env_flag(name: str, default: str) -> bool:
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def fold_scalar_kv_scales() -> bool:
     """``VLLM_MINIMAX_M3_FOLD_KV_SCALE`` (default 1): fold scalar FP8 KV scales
     out of the attention inner loop; 0 scales every K/V element (A/B only)."""
-    value = os.environ.get("VLLM_MINIMAX_M3_FOLD_KV_SCALE", "1")
-    if value not in ("0", "1"):
-        raise ValueError(
-            f"VLLM_MINIMAX_M3_FOLD_KV_SCALE must be 0 or 1, got {value!r}"
-        )
-    return value == "1"
+    return _env_flag("VLLM_MINIMAX_M3_FOLD_KV_SCALE", "1")
+
+
+def one_launch_decode() -> bool:
+    """``VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE`` (default 0): the Triton decode
+    index selects its top-k in the scoring launch and the attention merges its
+    splits in the attention launch (``fused_select`` / ``fused_merge``); off
+    until the H200 benchmark shows it pays."""
+    return _env_flag("VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE", "0")
 
 
 @dataclass
@@ -135,6 +145,16 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
         self._arange = torch.arange(self.max_tokens, dtype=torch.int32, device=device)
         self._token_req = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
         self._token_pos = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
+        if one_launch_decode() and device.type == "cuda":
+            # the fused kernels' arrival counters must exist before graph capture
+            try:
+                from vllm.models.minimax_m3.common.triton_ops import arrival_counters
+            except ImportError:  # no Triton: the reference ops need none
+                pass
+            else:
+                arrival_counters(device, "index_select", self.max_tokens)
+                arrival_counters(device, "attention_merge",
+                                 self.max_tokens * kv_cache_spec.num_kv_heads)
 
     def build(
         self,
@@ -329,6 +349,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         self.local_blocks = local_blocks
         self.init_blocks = init_blocks
         self.fold_scalar_scales = fold_scalar_kv_scales()
+        self.one_launch = one_launch_decode()
         self._ops: SparseOps | None = None
 
     def forward(  # type: ignore[override]
@@ -379,7 +400,8 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             self.topk_blocks,
             self.local_blocks,
             self.init_blocks,
-            **({"num_decode_tokens": md.num_decode_tokens} if ops.triton else {}),
+            **({"num_decode_tokens": md.num_decode_tokens,
+                "fused_select": self.one_launch} if ops.triton else {}),
         )
         out = ops.block_sparse_attention(
             q[:T],
@@ -394,7 +416,8 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             k_scale,
             v_scale,
             kv_scales,
-            **({"fold_scalar_scales": self.fold_scalar_scales} if ops.triton else {}),
+            **({"fold_scalar_scales": self.fold_scalar_scales,
+                "fused_merge": self.one_launch} if ops.triton else {}),
         )
         output[:T] = out
         return output

@@ -16,7 +16,8 @@ def arrival_counters(device: torch.device, purpose: str, n: int) -> torch.Tensor
     """A persistent zeroed int32 buffer of >= n arrival counters for a
     "last program finishes the job" kernel (fused top-k select, fused split
     merge); those kernels leave it zeroed, so it stays valid across launches
-    and CUDA-graph replays.  One buffer per device and purpose.  Grown only
+    and CUDA-graph replays.  One buffer per device and purpose, shared by all
+    layers: launches that use it must not run concurrently on two streams.  Grown only
     outside CUDA-graph capture: a buffer made during capture would live in the
     graph's memory pool."""
     key = (torch.device(device), purpose)
