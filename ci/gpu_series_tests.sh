@@ -6,6 +6,7 @@
 #   graphs   tests/models/test_minimax_m3_gpu.py -k cudagraphs (CUDA graphs change no token)
 #   tp2      tests/models/test_minimax_m3_gpu.py -k tp2 (TP2 == TP1; needs two GPUs)
 #   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
+#   graphs_one_launch  graphs == eager in fp32 with VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
 #            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
 #   fp8ckpt  tests/models/test_minimax_m3_fp8_dynamic.py (compressed-tensors FP8-dynamic)
@@ -18,9 +19,11 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models"
   [graphs]="tests/models/test_minimax_m3_gpu.py -k cudagraphs" [tp2]="tests/models/test_minimax_m3_gpu.py -k tp2"
   [graphs_bf16]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
+  [graphs_one_launch]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'")
-declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1")
+declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1"
+  [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1")
 BUDGET=${SUITE_TIMEOUT:-400}
 # EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU
 # image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...)

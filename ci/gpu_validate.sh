@@ -38,9 +38,9 @@ case "$phase" in
   tp)  # a suite gets SIGINT at its budget, so pytest still reports
     OUT="$work" SUITE_TIMEOUT=$(( $(left) - 10 )) RUN_SUITES="tp2" bash ci/gpu_series_tests.sh
     ;;
-  suites)  # two suites per lane: half the budget each
+  suites)  # lane 0: two long suites, half the budget each; lane 1: three shorter
     OUT="$work" SUITE_TIMEOUT=$(( $(left) / 2 - 5 )) RUN_SUITES="" \
-      LANES="graphs_bf16 models_graphs;fp8kv fp8ckpt" bash ci/gpu_series_tests.sh
+      LANES="graphs_bf16 models_graphs;fp8kv fp8ckpt graphs_one_launch" bash ci/gpu_series_tests.sh
     ;;
   e2e)
     d=$(( $(left) > 70 ? $(left) - 40 : 30 ))
