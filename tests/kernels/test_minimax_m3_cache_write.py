@@ -187,3 +187,58 @@ def test_per_token_head_write_and_attention():
     bound = rel * (ref.abs() + ref.abs().amax(-1, keepdim=True))
     assert bool(((out - ref).abs() <= bound).all()), (
         f"seed {seed}: max error {(out - ref).abs().max():.3g}")
+
+
+def test_fp8_index_key_cache_write():
+    """Optional fp8 index-key cache: each token's key stored as key / s in
+    e4m3 with s = amax / 448 in idx_scales; the Triton write and the reference
+    write agree, every written key dequantises within e4m3 precision, the
+    row maximum maps to 448, and -1 slots are skipped."""
+    seed = _seed()
+    hkv, d, di, page = SHAPE
+    T, num_pages = 29, 10
+    k = torch.randn(T, hkv, d, dtype=DTYPE, device=DEVICE)
+    ik = torch.randn(T, di, dtype=DTYPE, device=DEVICE) * 3
+    if not ON_GPU:
+        # the interpreter's fp32 -> e4m3 cast drops the rounding carry (see
+        # above): use keys whose quotient is exact, e4m3 values times a power
+        # of two with the row maximum 448 (so s is that power of two)
+        vals = (ik.float() * 40).clamp(-440, 440).to(FP8).float()
+        vals[:, 0] = 448.0
+        ik = (vals * 2.0 ** torch.randint(-7, -2, (T, 1), device=DEVICE)).to(DTYPE)
+    slots = torch.randperm(num_pages * page, device=DEVICE)[:T].to(torch.int64)
+    slots[::4] = -1
+    out = {}
+    for name, fn in (("triton", write_sparse_cache), ("ref", sparse_ops.write_sparse_cache)):
+        kv, _ = _caches(num_pages, DTYPE)
+        ic = torch.zeros(num_pages, page, di, device=DEVICE).to(FP8)
+        isc = torch.full((num_pages, page), -1.0, device=DEVICE)
+        fn(k, k, ik, kv, ic, slots, idx_scales=isc)
+        out[name] = (ic, isc)
+    (ic, isc), (ric, risc) = out["triton"], out["ref"]
+    torch.testing.assert_close(isc, risc, rtol=1e-6, atol=0, msg=lambda m: f"seed {seed}: {m}")
+    w = slots >= 0
+    pg, sl = slots[w] // page, slots[w] % page
+    s = isc[pg, sl]
+    amax = ik[w].float().abs().amax(-1)
+    torch.testing.assert_close(s, amax / 448, rtol=1e-6, atol=0)
+    for cache in (ic, ric):
+        deq = cache[pg, sl].float() * s[:, None]
+        err = (deq - ik[w].float()).abs().amax(-1)
+        assert torch.all(err <= amax * 2 ** -4), f"seed {seed}: fp8 index keys off"
+        assert torch.all(cache[pg, sl].float().abs().amax(-1) == 448), f"seed {seed}"
+    skipped = torch.ones(num_pages * page, dtype=torch.bool)
+    skipped[slots[w].cpu()] = False
+    assert torch.all(isc.reshape(-1).cpu()[skipped] == -1.0), f"seed {seed}: a -1 slot written"
+
+
+def test_fp8_index_cache_needs_its_scales():
+    hkv, d, di, page = SHAPE
+    kv, ic = _caches(2, DTYPE)
+    x = torch.zeros(1, hkv, d, dtype=DTYPE, device=DEVICE)
+    ik = torch.zeros(1, di, dtype=DTYPE, device=DEVICE)
+    slots = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="fp8 idx_cache needs idx_scales"):
+        write_sparse_cache(x, x, ik, kv, ic.to(FP8), slots)
+    with pytest.raises(ValueError, match="fp8 idx_cache needs idx_scales"):
+        write_sparse_cache(x, x, ik, kv, ic, slots, idx_scales=torch.ones(2, page, device=DEVICE))

@@ -356,6 +356,11 @@ def test_index_block_topk_fp8_index_cache():
                                batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
                                num_decode_tokens=nd)
         check_topk(got, scores, topk, tag=f"[seed {seed} fp8 idx nd={nd}]")
+    # the PyTorch reference backend's op takes the same fp8 cache and scales
+    from vllm.models.minimax_m3.common import sparse_ops
+    ref = sparse_ops.index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
+                                      batch.token_pos, B, topk, idx_k_scales=idx_s)
+    check_topk(ref, scores, topk, tag=f"[seed {seed} fp8 idx, reference op]")
 
 
 def test_index_block_topk_bad_input():

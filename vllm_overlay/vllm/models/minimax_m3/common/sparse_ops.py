@@ -64,12 +64,15 @@ def write_sparse_cache(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     kv_scales: torch.Tensor | None = None,
+    idx_scales: torch.Tensor | None = None,
 ) -> None:
     """Store K/V [T, Hkv, D] and index keys [T, Didx] at ``slots`` [T]
     (negative = skip). An fp8 ``kv_cache`` stores ``clamp(x / scale)``: with
     the scalar ``k_scale`` / ``v_scale``, or, when ``kv_scales``
     [num_pages, 2, page_size, Hkv] is given, with per (token, KV head) scales
-    computed here (``per_token_head_scales``) and stored there."""
+    computed here (``per_token_head_scales``) and stored there. An fp8
+    ``idx_k_cache`` stores each index key the same way, its scale in
+    ``idx_scales`` [num_pages, page_size]."""
     if kv_cache.dtype == torch.float8_e4m3fn:
         fmax = torch.finfo(torch.float8_e4m3fn).max
         if kv_scales is not None:
@@ -81,6 +84,13 @@ def write_sparse_cache(
         v = (v.float() / v_scale).clamp(-fmax, fmax)
     _write_rows(kv_cache[:, 0], k, slots)
     _write_rows(kv_cache[:, 1], v, slots)
+    if idx_k_cache.dtype == torch.float8_e4m3fn:
+        if idx_scales is None:
+            raise ValueError("an fp8 index-key cache needs idx_scales [num_pages, page_size]")
+        fmax = torch.finfo(torch.float8_e4m3fn).max
+        s = per_token_head_scales(idx_k[:, None, :])[:, 0]  # one row per token
+        _write_rows(idx_scales, s, slots)
+        idx_k = (idx_k.float() / s[:, None]).clamp(-fmax, fmax)
     _write_rows(idx_k_cache, idx_k, slots)
 
 
@@ -104,11 +114,14 @@ def index_block_topk(
     topk: int,
     local_blocks: int = 1,
     init_blocks: int = 0,
+    idx_k_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Select the top-``topk`` key blocks per (query token, index head).
 
     Score of token t against key j is ``idx_q[t, h] . idx_k[j]`` in fp32 with
-    no scale, for ``j <= token_pos[t]``; a block's score is the max over its
+    no scale, for ``j <= token_pos[t]``; with an fp8 index-key cache,
+    ``idx_k_scales`` [num_pages, page_size] float32 holds each key's scale
+    (idx_k = cache value x scale). A block's score is the max over its
     visible keys. The query's own block and the ``local_blocks - 1`` blocks
     before it, and the first ``init_blocks`` blocks, are always selected.
     Returns [T, H_idx, topk] int32 block ids (position // sparse_block),
@@ -121,6 +134,8 @@ def index_block_topk(
     for r, s, e in _request_spans(token_req):
         n_keys = int(token_pos[s:e].max()) + 1
         keys = _gather_pages(idx_k_cache, block_table[r], n_keys).float()
+        if idx_k_scales is not None:
+            keys = keys * _gather_pages(idx_k_scales, block_table[r], n_keys)[:, None]
         n_blocks = -(-n_keys // sparse_block)
         pad = n_blocks * sparse_block - n_keys
         key_pos = torch.arange(n_keys, device=idx_q.device)
