@@ -75,6 +75,26 @@ def kv_scale_mode(config, top_config=None) -> str:
     return val
 
 
+INDEX_CACHE_DTYPES = ("auto", "fp8")
+
+
+def index_cache_dtype(config, top_config=None) -> str:
+    """``msa_index_cache_dtype`` of the text config, else of the top-level
+    config: ``auto`` (default; index keys in the model dtype) or ``fp8`` (e4m3
+    with one float32 scale per token in the row's 16-byte padding, computed
+    when the key is written; half the bytes of the index scan at long context)."""
+    val = getattr(config, "msa_index_cache_dtype", None)
+    if val is None and top_config is not None:
+        val = getattr(top_config, "msa_index_cache_dtype", None)
+    val = "auto" if val is None else val
+    if val not in INDEX_CACHE_DTYPES:
+        raise ValueError(
+            f"MiniMax-M3: msa_index_cache_dtype must be one of {INDEX_CACHE_DTYPES}, "
+            f"got {val!r}."
+        )
+    return val
+
+
 def _register_layer(prefix: str, layer: nn.Module) -> None:
     ctx = get_current_vllm_config().compilation_config.static_forward_context
     if prefix in ctx:
@@ -83,15 +103,19 @@ def _register_layer(prefix: str, layer: nn.Module) -> None:
 
 
 class MiniMaxM3IndexKCache(nn.Module, AttentionLayerBase):
-    """Paged index-key cache: [num_pages, page_size, index_dim]."""
+    """Paged index-key cache: [num_pages, page_size, index_dim] in the model
+    dtype, or with ``fp8``: [num_pages, page_size, index_dim + 16] e4m3, each
+    row's float32 scale in bytes index_dim .. index_dim + 4 of its padding."""
 
     def __init__(
-        self, index_dim: int, dtype: torch.dtype, prefix: str, cache_config: CacheConfig
+        self, index_dim: int, dtype: torch.dtype, prefix: str, cache_config: CacheConfig,
+        fp8: bool = False,
     ):
         super().__init__()
         self.kv_cache = torch.tensor([])
-        self.head_dim = index_dim
-        self.dtype = dtype
+        self.index_dim = index_dim
+        self.head_dim = index_dim + (KV_SCALE_PAD if fp8 else 0)
+        self.dtype = torch.float8_e4m3fn if fp8 else dtype
         self.prefix = prefix
         self.cache_config = cache_config
         _register_layer(prefix, self)
@@ -128,6 +152,7 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         cache_config: CacheConfig,
         prefix: str,
         per_token_head_scales: bool = False,
+        fp8_index_cache: bool = False,
     ):
         super().__init__()
         self.layer_name = prefix
@@ -174,8 +199,13 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         )
         self.kv_cache = torch.tensor([])
         _register_layer(prefix, self)
+        if fp8_index_cache and index_dim % 4:
+            raise ValueError(
+                f"MiniMax-M3: an fp8 index-key cache needs index_head_dim divisible "
+                f"by 4 (its float32 scale follows the key), got {index_dim}."
+            )
         self.index_cache = MiniMaxM3IndexKCache(
-            index_dim, self.dtype, f"{prefix}.index_k_cache", cache_config
+            index_dim, self.dtype, f"{prefix}.index_k_cache", cache_config, fp8_index_cache
         )
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:

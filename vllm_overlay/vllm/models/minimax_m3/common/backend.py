@@ -361,7 +361,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         idx_q: torch.Tensor,  # [N, Hkv, Didx]
         idx_k: torch.Tensor,  # [N, Didx]
         kv_cache: torch.Tensor,  # [P, 2, page, Hkv, D]
-        idx_cache: torch.Tensor,  # [P, page, Didx]
+        idx_cache: torch.Tensor,  # [P, page, Didx] (fp8: Didx + 16, scale after the key)
         md: MiniMaxM3SparseMetadata,
         output: torch.Tensor,  # [N, Hq, D]
     ) -> torch.Tensor:
@@ -386,9 +386,15 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             mode = 2
         elif self.fp8:  # scalar scales: the cache holds x / scale in e4m3
             mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
+        idx_scales = None
+        if idx_cache.dtype == torch.float8_e4m3fn:
+            # fp8 index keys: each row [Didx] is followed by its float32 scale
+            Di = idx_k.shape[-1]
+            idx_scales = idx_cache[..., Di : Di + 4].view(torch.float32).squeeze(-1)
+            idx_cache = idx_cache[..., :Di]
         ops.write_cache(
             k[:T], v[:T], idx_k[:T], kv_cache, idx_cache, md.slot_mapping,
-            k_scale, v_scale, kv_scales,
+            k_scale, v_scale, kv_scales, idx_scales=idx_scales,
         )
         topk = ops.index_block_topk(
             idx_q[:T],
@@ -400,6 +406,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             self.topk_blocks,
             self.local_blocks,
             self.init_blocks,
+            idx_k_scales=idx_scales,
             **({"num_decode_tokens": md.num_decode_tokens,
                 "fused_select": self.one_launch} if ops.triton else {}),
         )

@@ -68,7 +68,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
-from .attention import MiniMaxM3SparseAttention, kv_scale_mode
+from .attention import MiniMaxM3SparseAttention, index_cache_dtype, kv_scale_mode
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
@@ -467,6 +467,7 @@ class MiniMaxM3Attention(nn.Module):
             cache_config=cache_config,
             prefix=f"{prefix}.attn",
             per_token_head_scales=kv_scale_mode(config, _top_config()) == "per_token_head",
+            fp8_index_cache=index_cache_dtype(config, _top_config()) == "fp8",
         )
 
     def _head_norm(self, x: torch.Tensor, norm: nn.Module, dim: int) -> torch.Tensor:
