@@ -7,6 +7,8 @@
 #   tp2      tests/models/test_minimax_m3_gpu.py -k tp2 (TP2 == TP1; needs two GPUs)
 #   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
 #   graphs_one_launch  graphs == eager in fp32 with VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1
+#   fp8index tests/models/test_minimax_m3_fp8_index.py (optional FP8 index-key cache)
+# DEADLINE_EPOCH (seconds since the epoch): suites are cut to end before it, or skipped.
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
 #            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
 #   fp8ckpt  tests/models/test_minimax_m3_fp8_dynamic.py (compressed-tensors FP8-dynamic)
@@ -20,7 +22,8 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [graphs]="tests/models/test_minimax_m3_gpu.py -k cudagraphs" [tp2]="tests/models/test_minimax_m3_gpu.py -k tp2"
   [graphs_bf16]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
   [graphs_one_launch]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
-  [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
+  [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8index]="tests/models/test_minimax_m3_fp8_index.py"
+  [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1")
@@ -34,9 +37,15 @@ fi
 run_suite() {  # run_suite NAME: one pytest run, its junit XML and log under $OUT
   local s=$1
   if [ -z "${SUITES[$s]:-}" ]; then echo "unknown suite '$s' (known: ${!SUITES[*]})"; return 2; fi
+  local budget=$BUDGET
+  if [ -n "${DEADLINE_EPOCH:-}" ]; then  # never run past the caller's deadline
+    local rest=$(( DEADLINE_EPOCH - $(date +%s) - 5 ))
+    if [ "$rest" -lt 30 ]; then echo "$s: skipped (deadline)" | tee -a "$OUT/exit_codes.txt"; return 0; fi
+    [ "$rest" -lt "$budget" ] && budget=$rest
+  fi
   eval "set -- ${SUITES[$s]}"  # a suite may quote a -k expression
   # SIGINT at the budget: pytest then reports where it was and what failed so far
-  env ${SUITE_ENV[$s]:-} timeout -s INT -k 30 "$BUDGET" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \
+  env ${SUITE_ENV[$s]:-} timeout -s INT -k 20 "$budget" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \
     > "$OUT/$s.log" 2>&1
   echo "$s: exit $? ${CUDA_VISIBLE_DEVICES:+(GPU $CUDA_VISIBLE_DEVICES)}" | tee -a "$OUT/exit_codes.txt"
   tail -3 "$OUT/$s.log"
