@@ -58,41 +58,34 @@ KV_SCALE_PAD = 16
 KV_SCALE_MODES = ("scalar", "per_token_head")
 
 
-def kv_scale_mode(config, top_config=None) -> str:
-    """``msa_kv_cache_scales`` of the text config, else of the top-level config
-    (flat ``--hf-overrides`` land there): how an FP8 KV cache of the sparse
-    layers is scaled -- ``scalar`` (default; one k/v scale per layer, from the
-    checkpoint or 1.0) or ``per_token_head`` (computed when K/V are written)."""
-    val = getattr(config, "msa_kv_cache_scales", None)
+def _model_option(config, top_config, name: str, choices: tuple, default: str) -> str:
+    """Option ``name`` of the text config, else of the top-level config (flat
+    ``--hf-overrides`` land there), else ``default``; one of ``choices``."""
+    val = getattr(config, name, None)
     if val is None and top_config is not None:
-        val = getattr(top_config, "msa_kv_cache_scales", None)
-    val = "scalar" if val is None else val
-    if val not in KV_SCALE_MODES:
-        raise ValueError(
-            f"MiniMax-M3: msa_kv_cache_scales must be one of {KV_SCALE_MODES}, "
-            f"got {val!r}."
-        )
+        val = getattr(top_config, name, None)
+    val = default if val is None else val
+    if val not in choices:
+        raise ValueError(f"MiniMax-M3: {name} must be one of {choices}, got {val!r}.")
     return val
+
+
+def kv_scale_mode(config, top_config=None) -> str:
+    """``msa_kv_cache_scales``: how an FP8 KV cache of the sparse layers is
+    scaled -- ``scalar`` (default; one k/v scale per layer, from the
+    checkpoint or 1.0) or ``per_token_head`` (computed when K/V are written)."""
+    return _model_option(config, top_config, "msa_kv_cache_scales", KV_SCALE_MODES, "scalar")
 
 
 INDEX_CACHE_DTYPES = ("auto", "fp8")
 
 
 def index_cache_dtype(config, top_config=None) -> str:
-    """``msa_index_cache_dtype`` of the text config, else of the top-level
-    config: ``auto`` (default; index keys in the model dtype) or ``fp8`` (e4m3
-    with one float32 scale per token in the row's 16-byte padding, computed
-    when the key is written; half the bytes of the index scan at long context)."""
-    val = getattr(config, "msa_index_cache_dtype", None)
-    if val is None and top_config is not None:
-        val = getattr(top_config, "msa_index_cache_dtype", None)
-    val = "auto" if val is None else val
-    if val not in INDEX_CACHE_DTYPES:
-        raise ValueError(
-            f"MiniMax-M3: msa_index_cache_dtype must be one of {INDEX_CACHE_DTYPES}, "
-            f"got {val!r}."
-        )
-    return val
+    """``msa_index_cache_dtype``: ``auto`` (default; index keys in the model
+    dtype) or ``fp8`` (e4m3 with one float32 scale per token in the row's
+    16-byte padding, computed when the key is written; half the bytes of the
+    index scan at long context)."""
+    return _model_option(config, top_config, "msa_index_cache_dtype", INDEX_CACHE_DTYPES, "auto")
 
 
 def _register_layer(prefix: str, layer: nn.Module) -> None:
