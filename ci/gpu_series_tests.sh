@@ -11,6 +11,7 @@
 # DEADLINE_EPOCH (seconds since the epoch): suites are cut to end before it, or skipped.
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
 #            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
+#   fused_graphs   the same with graphs, only the fused shared expert and the bf16 parity
 #   fp8ckpt  tests/models/test_minimax_m3_fp8_dynamic.py (compressed-tensors FP8-dynamic)
 # Run on the GPU machine after `bash .gpu/recv.sh install && . /tmp/gpu-env.sh`.
 # RUN_SUITES="models" runs a subset, one suite after another with every GPU visible; then
@@ -24,8 +25,9 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [graphs_one_launch]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8index]="tests/models/test_minimax_m3_fp8_index.py"
   [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
-  [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'")
-declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1"
+  [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'"
+  [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused or bf16'")
+declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1")
 BUDGET=${SUITE_TIMEOUT:-400}
 # EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU

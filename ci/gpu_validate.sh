@@ -5,9 +5,10 @@
 # (the device tool returns at most 8 files).
 #
 #   bash ci/gpu_validate.sh tp      # TP2 and TP2 + expert parallelism vs TP1 (both GPUs)
-#   bash ci/gpu_validate.sh suites  # graphs vs eager bf16, then parity with graphs on
-#                                   # (GPU 0) beside the FP8 KV and FP8-checkpoint
-#                                   # suites (GPU 1)
+#   bash ci/gpu_validate.sh suites  # graphs vs eager bf16, then the fused shared expert
+#                                   # and bf16 parity with graphs on (GPU 0) beside the
+#                                   # one-launch decode and FP8 index suites, then the
+#                                   # kernel benchmark (GPU 1); SUITES_GPU0/1 override
 #   bash ci/gpu_validate.sh e2e     # seed 002's A/B (`--sections bench_ab`, GPU 0)
 #                                   # beside the throughput table without FP8 KV (GPU 1)
 #   bash ci/gpu_validate.sh bench   # ci/bench_msa.py (+ --sweep) on GPU 0
@@ -39,11 +40,22 @@ case "$phase" in
   tp)  # a suite gets SIGINT at its budget, so pytest still reports
     OUT="$work" SUITE_TIMEOUT=$(( $(left) - 10 )) RUN_SUITES="tp2" bash ci/gpu_series_tests.sh
     ;;
-  suites)  # lane 0: two long suites, half the budget each; lane 1: shorter ones,
-           # the last ones cut or skipped at the phase deadline
-    OUT="$work" SUITE_TIMEOUT=$(( $(left) / 2 - 5 )) RUN_SUITES="" \
-      LANES="graphs_bf16 models_graphs;fp8kv fp8ckpt graphs_one_launch fp8index" \
-      bash ci/gpu_series_tests.sh
+  suites)  # GPU 0: bf16 graphs vs eager, then the fused shared expert and bf16 parity with
+           # graphs; GPU 1: the one-launch decode kernels and the FP8 index cache in the
+           # engine, then the kernel benchmark (+ sweep) with the time left (rows are printed
+           # as they are measured, so a cut run still leaves what it measured)
+    half=$(( $(left) / 2 - 5 ))
+    ( OUT="$work/gpu0" CUDA_VISIBLE_DEVICES=0 SUITE_TIMEOUT=$half \
+        RUN_SUITES="${SUITES_GPU0:-graphs_bf16 fused_graphs}" bash ci/gpu_series_tests.sh \
+        > "$work/gpu0.out" 2>&1 ) &
+    ( OUT="$work/gpu1" CUDA_VISIBLE_DEVICES=1 SUITE_TIMEOUT=${LANE1_SUITE_S:-170} \
+        RUN_SUITES="${SUITES_GPU1:-graphs_one_launch fp8index}" bash ci/gpu_series_tests.sh \
+        > "$work/gpu1.out" 2>&1
+      OUT="$work/gpu1" CUDA_VISIBLE_DEVICES=1 timeout -s TERM "$(( $(left) > 30 ? $(left) - 10 : 5 ))" \
+        python3 ci/bench_msa.py --sweep > "$work/gpu1/bench.out" 2>&1 ) &
+    wait
+    cat "$work/gpu0/gpu_tests.md" "$work/gpu1/gpu_tests.md" 2>/dev/null
+    grep -c '^\[decode\]\|^\[prefill\]\|^\[sweep\]' "$work/gpu1/bench.out"
     ;;
   e2e)
     d=$(( $(left) > 70 ? $(left) - 40 : 30 ))
