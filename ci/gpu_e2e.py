@@ -280,6 +280,7 @@ class Plan:
     ab_osl: int = 128
     ab_conc: tuple = (4, 8)
     ab_prompts_per_conc: int = 2
+    ab_folds: tuple = (True, False)  # which fold settings this run serves
     ab_timeout: float = 240.0
 
     def remaining(self) -> float:
@@ -805,7 +806,7 @@ def ab_max_len(plan: Plan) -> int:
 def bench_ab_jobs(plan: Plan) -> list[Job]:
     """One `vllm bench serve` run per (fold on/off, ISL, concurrency)."""
     jobs = []
-    for fold in (True, False):
+    for fold in plan.ab_folds:
         cfg = dataclasses.replace(main_cfg(plan), fold=fold)
         for isl in plan.ab_isl:
             for c in plan.ab_conc:
@@ -1007,6 +1008,9 @@ def md_bench_ab(res: dict, state: dict, plan: Plan) -> list[str]:
              f"fold = {FOLD_ENV}=1 (default), unfolded = {FOLD_ENV}=0.", "",
              "| ISL/OSL | concurrency | prompts | metric | unfolded (0) | fold (1) | change |",
              "|---|---|---|---|---|---|---|"]
+    if state["meta"].get("merged_from"):
+        lines[0] += (" The two folds were served side by side, each on its own GPU of the "
+                     "same machine (`--ab-folds 1` / `--ab-folds 0`, joined by `--merge-ab`).")
     runs = {(r["isl"], r["concurrency"], r["fold"]): r for r in res.values() if "isl" in r}
     for isl, c in sorted({k[:2] for k in runs}):
         off, on = runs.get((isl, c, False), {}), runs.get((isl, c, True), {})
@@ -1076,6 +1080,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ab-osl", type=int, default=None)
     ap.add_argument("--ab-concurrency", default=None, help="comma list, e.g. 4,8")
     ap.add_argument("--ab-prompts-per-conc", type=int, default=None)
+    ap.add_argument("--ab-folds", default=None,
+                    help="fold settings to serve, e.g. 1 or 0 (default 1,0: both, one "
+                         "after the other); run 1 and 0 on two GPUs side by side and join "
+                         "the halves with --merge-ab")
+    ap.add_argument("--merge-ab", nargs="+", default=None, metavar="E2E_JSON",
+                    help="only write --out/e2e.{md,json} joining the bench_ab results "
+                         "of these e2e.json files (one per fold)")
     return ap.parse_args(argv)
 
 
@@ -1093,7 +1104,8 @@ def make_plan(a: argparse.Namespace) -> Plan:
     over = {"startup_timeout": a.startup_timeout, "ab_osl": a.ab_osl,
             "ab_prompts_per_conc": a.ab_prompts_per_conc,
             "tp_modes": a.tp_modes and tuple(a.tp_modes.split(",")),
-            "ab_isl": ints(a.ab_isl), "ab_conc": ints(a.ab_concurrency)}
+            "ab_isl": ints(a.ab_isl), "ab_conc": ints(a.ab_concurrency),
+            "ab_folds": a.ab_folds and tuple(bool(int(x)) for x in a.ab_folds.split(","))}
     return dataclasses.replace(plan, **{k: v for k, v in over.items() if v})
 
 
@@ -1101,8 +1113,28 @@ def on_sigterm(signum, frame):
     raise Stop()
 
 
+def merge_ab(a: argparse.Namespace) -> int:
+    """Join the bench_ab halves of runs made side by side (fold 1 on one GPU,
+    fold 0 on another) into one report under --out."""
+    parts = [json.loads(Path(f).read_text()) for f in a.merge_ab]
+    state = dict(parts[0], sections=["bench_ab"], servers=[], results={"bench_ab": {}})
+    state["meta"] = dict(parts[0]["meta"], merged_from=[str(f) for f in a.merge_ab])
+    for p in parts:
+        state["results"]["bench_ab"].update(p["results"].get("bench_ab", {}))
+        state["servers"] += p.get("servers", [])
+    plan = make_plan(a)
+    global T0
+    T0 = time.monotonic() - max(p.get("wall_s", 0) for p in parts)
+    write_report(plan, state)
+    status = section_status(state, "bench_ab")
+    print(json.dumps({"bench_ab": status}), f"report: {plan.out / 'e2e.md'}")
+    return 0 if status == "pass" else 1
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.merge_ab:
+        return merge_ab(a)
     sections = [s for s in a.sections.split(",") if s]
     bad = sorted(set(sections) - set(SECTIONS))
     if bad:

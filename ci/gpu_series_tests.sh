@@ -47,7 +47,7 @@ run_suite() {  # run_suite NAME: one pytest run, its junit XML and log under $OU
   fi
   eval "set -- ${SUITES[$s]}"  # a suite may quote a -k expression
   # SIGINT at the budget: pytest then reports where it was and what failed so far
-  env ${SUITE_ENV[$s]:-} timeout -s INT -k 20 "$budget" python -m pytest -q -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \
+  env ${SUITE_ENV[$s]:-} timeout -s INT -k 20 "$budget" python -m pytest -q -rfEP -p no:cacheprovider --junitxml="$OUT/$s.xml" "$@" \
     > "$OUT/$s.log" 2>&1
   echo "$s: exit $? ${CUDA_VISIBLE_DEVICES:+(GPU $CUDA_VISIBLE_DEVICES)}" | tee -a "$OUT/exit_codes.txt"
   tail -3 "$OUT/$s.log"

@@ -11,13 +11,15 @@
 #                                   # kernel benchmark (GPU 1); SUITES_GPU0/1 override
 #   bash ci/gpu_validate.sh e2e     # seed 002's A/B (`--sections bench_ab`, GPU 0)
 #                                   # beside the throughput table without FP8 KV (GPU 1)
+#   bash ci/gpu_validate.sh ab      # seed 002's A/B, fold on GPU 0 beside fold off on
+#                                   # GPU 1, then bf16 graphs vs eager (GPU 0)
 #   bash ci/gpu_validate.sh bench   # ci/bench_msa.py (+ --sweep) on GPU 0
 #
 # Env: GIT_COMMIT (recorded), EXTRA_WHEELS (default /tmp/gpu-extra/e2e-wheels, from
 # ci/gpu_extra_wheels.sh), BUDGET_S (default 560: wall limit of the phase).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?usage: ci/gpu_validate.sh tp|suites|e2e|bench}
+phase=${1:?usage: ci/gpu_validate.sh tp|suites|e2e|ab|bench}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-560}
 EXTRA_WHEELS=${EXTRA_WHEELS:-/tmp/gpu-extra/e2e-wheels}
@@ -27,8 +29,8 @@ export DEADLINE_EPOCH=$(( T0 + BUDGET_S - 15 ))  # gpu_series_tests.sh never run
 left() {  # seconds left of the phase budget, at least 10
   local l=$(( BUDGET_S - ($(date +%s) - T0) )); echo $(( l > 10 ? l : 10 ))
 }
-case "$phase" in tp|suites|e2e|bench) ;;
-  *) echo "unknown phase '$phase' (tp | suites | e2e | bench)"; exit 2 ;; esac
+case "$phase" in tp|suites|e2e|ab|bench) ;;
+  *) echo "unknown phase '$phase' (tp | suites | e2e | ab | bench)"; exit 2 ;; esac
 work="$OUT/$phase"; mkdir -p "$work"
 
 if [ -d "$EXTRA_WHEELS" ]; then  # once, before anything runs side by side
@@ -67,6 +69,24 @@ case "$phase" in
       --deadline "$d" --out "$work/tput" > "$work/tput.out" 2>&1 &
     wait
     tail -40 "$work/ab/e2e.md" "$work/tput/e2e.md" 2>/dev/null
+    ;;
+  ab)  # seed 002's A/B with each fold on its own GPU, side by side (AB_S seconds),
+       # then the bf16 graphs-vs-eager test on GPU 0 with the time left
+    d=${AB_S:-175}
+    for g in 0 1; do
+      fold=$(( 1 - g ))
+      CUDA_VISIBLE_DEVICES=$g timeout -s TERM $(( d + 30 )) python3 ci/gpu_e2e.py \
+        --wheels "$EXTRA_WHEELS" --sections bench_ab --ab-folds $fold \
+        --ab-isl "${AB_ISL:-8192,131072}" --ab-concurrency "${AB_CONC:-4,8}" \
+        --deadline "$d" --out "$work/fold$fold" > "$work/fold$fold.out" 2>&1 &
+    done
+    wait
+    python3 ci/gpu_e2e.py --merge-ab "$work"/fold1/e2e.json "$work"/fold0/e2e.json \
+      --out "$work/ab" > "$work/merge.out" 2>&1
+    sed -n '/## bench_ab/,/example command/p' "$work/ab/e2e.md"
+    OUT="$work/gpu0" CUDA_VISIBLE_DEVICES=0 SUITE_TIMEOUT=$(( $(left) - 10 )) \
+      RUN_SUITES="graphs_bf16" bash ci/gpu_series_tests.sh > "$work/gpu0.out" 2>&1
+    cat "$work/gpu0/gpu_tests.md"; grep "^prompt\|^bf16:" "$work/gpu0/graphs_bf16.log"
     ;;
   bench)
     OUT="$work" CUDA_VISIBLE_DEVICES=0 timeout -s TERM "$(left)" \

@@ -10,10 +10,13 @@
   the last bits of some bf16 activations; on a random tiny model that can
   flip a MoE routing choice or a close pair of tokens (seen on the H200: a
   divergence at new token 2 where eager ranked the graphs' token second,
-  0.5 logprob behind, with logits of this model a few bf16 steps apart). The
-  bf16 check is vLLM's own ``check_logprobs_close`` rule at top-2: equal
-  logprobs (within ``LP_TOL``) up to the first divergence, and there each
-  run's token is among the other run's two best.
+  0.5 logprob behind; and, with every token equal, chosen-token logprobs
+  0.2 apart after 40 steps). The bf16 check therefore calibrates itself: a
+  third engine runs eager with one sequence at a time (other batch shapes,
+  same kernels), and graphs vs eager may differ by at most twice what that
+  batching alone changes (never less than the fp32 tolerance); tokens follow
+  vLLM's ``check_logprobs_close`` rule at top-2: equal up to the first
+  divergence, and there each run's token is among the other run's two best.
 * TP2 gives the tokens of TP1 on a checkpoint with 4 KV heads (2 per rank;
   the index heads follow their KV head), also with expert parallelism.
 Tiny random checkpoints built with transformers' classes, engines in
@@ -32,8 +35,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 PROMPT_LENS = [3, 31, 64, 97, 150, 200]
 MAX_NEW = 40  # decode of every prompt crosses at least one 32-token block
-# chosen-token logprob agreement between modes (same kernels, other batching)
-LP_TOL = {"float32": 3e-2, "bfloat16": 0.15}
+# chosen-token logprob agreement between modes in fp32 (same kernels, other
+# batching); bf16 measures its own bound (test_cudagraphs_match_eager)
+LP_TOL = 3e-2
+BF16_NOISE_FACTOR = 2.0
 
 
 def _prompts():
@@ -43,7 +48,8 @@ def _prompts():
 
 def _run(tmp, model, graphs, dtype, **llm):
     kw = dict(dtype=dtype, block_size=16, max_model_len=512, max_num_seqs=8,
-              max_num_batched_tokens=128, enable_prefix_caching=False, **llm)
+              max_num_batched_tokens=128, enable_prefix_caching=False)
+    kw.update(llm)
     res = run_vllm(str(tmp), model, _prompts(), MAX_NEW, graphs=graphs, llm_kwargs=kw,
                    top_logprobs=2)
     assert "error" not in res, res.get("traceback", res)
@@ -54,6 +60,17 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((j for j, (p, q) in enumerate(zip(a, b)) if p != q), None)
 
 
+def max_logprob_diff(got, ref) -> float:
+    """Largest |chosen-token logprob difference| over each prompt's common
+    prefix of tokens (up to the first divergence)."""
+    worst = 0.0
+    for x, y in zip(got, ref):
+        j = first_divergence(x["tokens"], y["tokens"])
+        n = len(x["tokens"]) if j is None else j
+        worst = max([worst] + [abs(p - q) for p, q in zip(x["logprobs"][:n], y["logprobs"][:n])])
+    return worst
+
+
 def _compare(got, ref, tol, allow_top2_divergence=False):
     """Tokens equal and chosen-token logprobs within ``tol``; with
     ``allow_top2_divergence``, the outputs may part where each run's token is
@@ -61,9 +78,10 @@ def _compare(got, ref, tol, allow_top2_divergence=False):
     for i, (x, y) in enumerate(zip(got, ref)):
         j = first_divergence(x["tokens"], y["tokens"])
         n = len(x["tokens"]) if j is None else j
-        if n:
-            diff = max(abs(p - q) for p, q in zip(x["logprobs"][:n], y["logprobs"][:n]))
-            assert diff < tol, f"prompt {i}: logprob diff {diff} before any divergence"
+        diff = max_logprob_diff([x], [y])
+        print(f"prompt {i} (len {PROMPT_LENS[i]}): {n} equal tokens"
+              f"{'' if j is None else f', then diverges'}; max |logprob diff| {diff:.4f}")
+        assert diff < tol, f"prompt {i}: logprob diff {diff} before any divergence (tol {tol})"
         if j is None:
             continue
         where = f"prompt {i} (len {PROMPT_LENS[i]}) diverges at new token {j}"
@@ -82,7 +100,15 @@ def ckpt(tmp_path_factory):
 def test_cudagraphs_match_eager(ckpt, tmp_path, dtype):
     eager = _run(tmp_path / "eager", ckpt, False, dtype)
     graphs = _run(tmp_path / "graphs", ckpt, True, dtype)
-    _compare(graphs, eager, LP_TOL[dtype], allow_top2_divergence=dtype == "bfloat16")
+    if dtype == "float32":
+        _compare(graphs, eager, LP_TOL)
+    else:
+        alone = _run(tmp_path / "eager_alone", ckpt, False, dtype, max_num_seqs=1)
+        noise = max_logprob_diff(alone, eager)
+        tol = max(LP_TOL, BF16_NOISE_FACTOR * noise)
+        print(f"bf16: eager one at a time vs eager batched: max |logprob diff| {noise:.4f}; "
+              f"graphs vs eager allowed {tol:.4f}")
+        _compare(graphs, eager, tol, allow_top2_divergence=True)
     # Parity with transformers is test_minimax_m3.py's job (run with
     # M3_TEST_GRAPHS=1 too): over 40 fp32 greedy steps the GPU's tf32 Triton
     # dots (fused MoE, MSA) can flip a near-tie against the fp32 CPU oracle,
@@ -107,7 +133,7 @@ def tp1_ref(tp_ckpt, tmp_path_factory):
 @TWO_GPUS
 def test_tp2_matches_tp1(tp_ckpt, tp1_ref, tmp_path):
     tp2 = _run(tmp_path / "tp2", tp_ckpt, True, "float32", tensor_parallel_size=2)
-    _compare(tp2, tp1_ref, LP_TOL["float32"])
+    _compare(tp2, tp1_ref, LP_TOL)
 
 
 @TWO_GPUS
@@ -117,4 +143,4 @@ def test_tp2_expert_parallel_matches_tp1(tp_ckpt, tp1_ref, tmp_path):
     it with EP is refused: test_minimax_m3_fused_shared.py)."""
     ep = _run(tmp_path / "ep", tp_ckpt, True, "float32", tensor_parallel_size=2,
               enable_expert_parallel=True)
-    _compare(ep, tp1_ref, LP_TOL["float32"])
+    _compare(ep, tp1_ref, LP_TOL)
