@@ -84,9 +84,11 @@ case "$phase" in
     python3 ci/gpu_e2e.py --merge-ab "$work"/fold1/e2e.json "$work"/fold0/e2e.json \
       --out "$work/ab" > "$work/merge.out" 2>&1
     sed -n '/## bench_ab/,/example command/p' "$work/ab/e2e.md"
-    OUT="$work/gpu0" CUDA_VISIBLE_DEVICES=0 SUITE_TIMEOUT=$(( $(left) - 10 )) \
-      RUN_SUITES="graphs_bf16" bash ci/gpu_series_tests.sh > "$work/gpu0.out" 2>&1
-    cat "$work/gpu0/gpu_tests.md"; grep "^prompt\|^bf16:" "$work/gpu0/graphs_bf16.log"
+    if [ "${AB_THEN_BF16:-1}" = 1 ]; then
+      OUT="$work/gpu0" CUDA_VISIBLE_DEVICES=0 SUITE_TIMEOUT=$(( $(left) - 10 )) \
+        RUN_SUITES="graphs_bf16" bash ci/gpu_series_tests.sh > "$work/gpu0.out" 2>&1
+      cat "$work/gpu0/gpu_tests.md"; grep "^prompt\|^bf16:" "$work/gpu0/graphs_bf16.log"
+    fi
     ;;
   bench)
     OUT="$work" CUDA_VISIBLE_DEVICES=0 timeout -s TERM "$(left)" \
