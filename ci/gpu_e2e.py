@@ -1016,7 +1016,8 @@ def md_bench_ab(res: dict, state: dict, plan: Plan) -> list[str]:
         off, on = runs.get((isl, c, False), {}), runs.get((isl, c, True), {})
         n = on.get("num_prompts", off.get("num_prompts"))
         for key, label in (("output_throughput", "output tok/s"),
-                           ("median_ttft_ms", "TTFT median (ms)")):
+                           ("median_ttft_ms", "TTFT median (ms)"),
+                           ("median_tpot_ms", "TPOT median (ms)")):
             a, b = off.get(key), on.get(key)
             chg = f"{100 * (b - a) / a:+.1f}%" if a and b else "-"
             lines.append(f"| {isl}/{plan.ab_osl} | {c} | {n} | {label} | "

@@ -25,8 +25,8 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [graphs_one_launch]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8index]="tests/models/test_minimax_m3_fp8_index.py"
   [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
-  [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused or bf16'"
-  [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused or bf16'")
+  [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused_shared or bf16_teacher'"
+  [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1")
 BUDGET=${SUITE_TIMEOUT:-400}
