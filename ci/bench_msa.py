@@ -477,6 +477,12 @@ def bench(args):
                     row["attention_fused_us"] = timer.time_graph(timer.graph(attn_fused))
                     row["index_topk_fused_us"] = timer.time_graph(timer.graph(idx_fused))
                     row["total_fused_us"] = timer.time_graph(timer.graph(total_fused))
+                    if kv_mode == 1:  # seed 002's A/B at kernel level: scalar scales unfolded
+                        row["attention_unfolded_us"] = timer.time_graph(timer.graph(
+                            lambda: block_sparse_attention(
+                                bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
+                                D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales,
+                                out=o_f, fold_scalar_scales=False)))
                     kv_bytes = 2 * B * D * (2 if kv_mode == 0 else 1) * HKV * min(TOPK, ctx // B)
                     byt = batch * (ctx * DIDX * 2 + kv_bytes)
                     row["floor_us"] = byt / bw * 1e6
@@ -528,6 +534,11 @@ def bench(args):
                 idx()
                 row["index_topk_ms"] = timer.time_fn(idx) / 1e3
                 row["attention_ms"] = timer.time_fn(attn) / 1e3
+                if kv_mode == 1:  # scalar scales unfolded (seed 002's A/B)
+                    row["attention_unfolded_ms"] = timer.time_fn(lambda: block_sparse_attention(
+                        bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
+                        D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
+                        fold_scalar_scales=False)) / 1e3
                 row["total_ms"] = timer.time_fn(total) / 1e3
                 flops = 4 * HQ * D * (sel >= 0).sum().item() * B  # upper bound (full blocks)
                 row["attention_TFLOPs"] = flops / (row["attention_ms"] * 1e-3) / 1e12
@@ -650,8 +661,9 @@ def to_markdown(res):
     L += ["", "## Decode (microseconds)", "",
           "| batch | context | KV | index+top-k | attention | total | floor | total/floor | dense "
           "| index+top-k fp8-idx | floor fp8-idx | fp8-idx overlap "
-          "| index+top-k fused select | attention fused merge | total fused |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| index+top-k fused select | attention fused merge | total fused "
+          "| attention fp8 unfolded |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("decode", []):
         ratio = (r["total_us"] / r["floor_us"]) if "total_us" in r and "floor_us" in r else None
         L.append(f"| {r['batch']} | {r['context'] // 1024}k | {r['kv']} | "
@@ -663,15 +675,17 @@ def to_markdown(res):
                  f"{'' if r.get('fused_select_equal', True) else ' (ids DIFFER)'} | "
                  f"{_f(r.get('attention_fused_us'))}"
                  f"{'' if r.get('fused_merge_max_diff', 0.0) < 1e-2 else ' (output DIFFERS)'} | "
-                 f"{_f(r.get('total_fused_us'))} |"
+                 f"{_f(r.get('total_fused_us'))} | {_f(r.get('attention_unfolded_us'))} |"
                  + (" ERROR |" if "error" in r else ""))
     L += ["", "## Prefill, chunk of 8192 at the end of the context (milliseconds)", "",
-          "| context | KV | index+top-k | attention | total | dense | attention TFLOP/s |",
-          "|---|---|---|---|---|---|---|"]
+          "| context | KV | index+top-k | attention | total | dense | attention TFLOP/s "
+          "| attention fp8 unfolded |",
+          "|---|---|---|---|---|---|---|---|"]
     for r in res.get("prefill", []):
         L.append(f"| {r['context'] // 1024}k | {r['kv']} | {_f(r.get('index_topk_ms'), 3)} | "
                  f"{_f(r.get('attention_ms'), 3)} | {_f(r.get('total_ms'), 3)} | "
-                 f"{_f(r.get('dense_ms'), 3)} | {_f(r.get('attention_TFLOPs'), 0)} |"
+                 f"{_f(r.get('dense_ms'), 3)} | {_f(r.get('attention_TFLOPs'), 0)} | "
+                 f"{_f(r.get('attention_unfolded_ms'), 3)} |"
                  + (" ERROR |" if "error" in r else ""))
     return "\n".join(L) + "\n"
 
