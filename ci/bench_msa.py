@@ -534,6 +534,21 @@ def bench(args):
                 idx()
                 row["index_topk_ms"] = timer.time_fn(idx) / 1e3
                 row["attention_ms"] = timer.time_fn(attn) / 1e3
+                # token tiles: one program per TM consecutive tokens, each distinct
+                # selected block of the tile read once (sparse_attn_tiled)
+                for tm in (2, 4, 8):
+                    o_t = torch.full_like(o, float("nan"))
+
+                    def attn_tiled(tm=tm, o_t=o_t):
+                        block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                               bt.token_pos, sel, B, D ** -0.5, kv_mode,
+                                               bt.k_scale, bt.v_scale, bt.kv_scales, out=o_t,
+                                               token_tile=tm)
+                    attn_tiled()
+                    attn()
+                    torch.cuda.synchronize()
+                    row[f"tiled{tm}_max_diff"] = float((o_t.float() - o.float()).abs().max())
+                    row[f"attention_tiled{tm}_ms"] = timer.time_fn(attn_tiled) / 1e3
                 if kv_mode == 1:  # scalar scales unfolded (seed 002's A/B)
                     row["attention_unfolded_ms"] = timer.time_fn(lambda: block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
@@ -679,13 +694,16 @@ def to_markdown(res):
                  + (" ERROR |" if "error" in r else ""))
     L += ["", "## Prefill, chunk of 8192 at the end of the context (milliseconds)", "",
           "| context | KV | index+top-k | attention | total | dense | attention TFLOP/s "
-          "| attention fp8 unfolded |",
-          "|---|---|---|---|---|---|---|---|"]
+          "| attention fp8 unfolded | attention tiled 2 | attention tiled 4 | attention tiled 8 |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("prefill", []):
         L.append(f"| {r['context'] // 1024}k | {r['kv']} | {_f(r.get('index_topk_ms'), 3)} | "
                  f"{_f(r.get('attention_ms'), 3)} | {_f(r.get('total_ms'), 3)} | "
                  f"{_f(r.get('dense_ms'), 3)} | {_f(r.get('attention_TFLOPs'), 0)} | "
-                 f"{_f(r.get('attention_unfolded_ms'), 3)} |"
+                 f"{_f(r.get('attention_unfolded_ms'), 3)} | "
+                 + " | ".join(_f(r.get(f"attention_tiled{tm}_ms"), 3)
+                              + ("" if r.get(f"tiled{tm}_max_diff", 0.0) < 2e-2 else " (DIFFERS)")
+                              for tm in (2, 4, 8)) + " |"
                  + (" ERROR |" if "error" in r else ""))
     return "\n".join(L) + "\n"
 

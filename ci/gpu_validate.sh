@@ -7,8 +7,8 @@
 #   bash ci/gpu_validate.sh tp      # TP2 and TP2 + expert parallelism vs TP1 (both GPUs)
 #   bash ci/gpu_validate.sh suites  # graphs vs eager bf16, then the fused shared expert
 #                                   # and bf16 parity with graphs on (GPU 0) beside the
-#                                   # one-launch decode and FP8 index suites, then the
-#                                   # kernel benchmark (GPU 1); SUITES_GPU0/1 override
+#                                   # token-tile and kernel suites, then the kernel
+#                                   # benchmark (GPU 1); SUITES_GPU0/1 override
 #   bash ci/gpu_validate.sh e2e     # seed 002's A/B (`--sections bench_ab`, GPU 0)
 #                                   # beside the throughput table without FP8 KV (GPU 1)
 #   bash ci/gpu_validate.sh ab      # seed 002's A/B, fold on GPU 0 beside fold off on
@@ -43,15 +43,15 @@ case "$phase" in
     OUT="$work" SUITE_TIMEOUT=$(( $(left) - 10 )) RUN_SUITES="tp2" bash ci/gpu_series_tests.sh
     ;;
   suites)  # GPU 0: bf16 graphs vs eager, then the fused shared expert and bf16 parity with
-           # graphs; GPU 1: the one-launch decode kernels and the FP8 index cache in the
-           # engine, then the kernel benchmark (+ sweep) with the time left (rows are printed
+           # graphs; GPU 1: graphs == eager with token-tiled prefill attention and the
+           # kernel tests at real shapes, then the kernel benchmark (+ sweep) with the time left (rows are printed
            # as they are measured, so a cut run still leaves what it measured)
     half=$(( $(left) / 2 - 5 ))
     ( OUT="$work/gpu0" CUDA_VISIBLE_DEVICES=0 SUITE_TIMEOUT=$half \
         RUN_SUITES="${SUITES_GPU0:-graphs_bf16 fused_graphs}" bash ci/gpu_series_tests.sh \
         > "$work/gpu0.out" 2>&1 ) &
     ( OUT="$work/gpu1" CUDA_VISIBLE_DEVICES=1 SUITE_TIMEOUT=${LANE1_SUITE_S:-170} \
-        RUN_SUITES="${SUITES_GPU1:-graphs_one_launch fp8index}" bash ci/gpu_series_tests.sh \
+        RUN_SUITES="${SUITES_GPU1:-graphs_token_tile kernels}" bash ci/gpu_series_tests.sh \
         > "$work/gpu1.out" 2>&1
       OUT="$work/gpu1" CUDA_VISIBLE_DEVICES=1 timeout -s TERM "$(( $(left) > 30 ? $(left) - 10 : 5 ))" \
         python3 ci/bench_msa.py --sweep > "$work/gpu1/bench.out" 2>&1 ) &

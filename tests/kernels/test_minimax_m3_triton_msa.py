@@ -420,6 +420,75 @@ def test_block_sparse_attention(case, shape, dtype):
             assert_counters_zero()
 
 
+def shared_selection(batch, Hkv, topk, B):
+    """Prefill-like selections: each token keeps most of the previous token's
+    blocks (same request), swaps one at random and always has its own block,
+    so tiles of consecutive tokens share most blocks but not all."""
+    sel = random_selection(batch, Hkv, topk, B).cpu()
+    req, pos = batch.token_req.cpu(), batch.token_pos.cpu()
+    for t in range(1, batch.T):
+        if req[t] != req[t - 1]:
+            continue
+        own = int(pos[t]) // B
+        for g in range(Hkv):
+            prev = [b for b in sel[t - 1, g].tolist() if b >= 0]
+            if own not in prev:
+                prev = prev[: topk - 1] + [own]
+            if len(prev) > 1 and random.random() < 0.5:
+                cand = [b for b in range(own + 1) if b not in prev]
+                if cand:
+                    prev[random.randrange(len(prev) - 1)] = random.choice(cand)
+            sel[t, g] = -1
+            sel[t, g, : len(prev)] = torch.tensor(prev, dtype=torch.int32)
+    return sel.to(DEVICE)
+
+
+TILE_CASES = dict(ATTN_CASES, prefill=lambda B: [(2 * B + 3, 3 * B // 2 + 1), (0, B + 7)])
+
+
+@pytest.mark.parametrize("case", list(TILE_CASES))
+@pytest.mark.parametrize("selection", ["random", "shared"])
+def test_block_sparse_attention_token_tiles(case, selection):
+    """``token_tile``: one program per tile of consecutive tokens walking the
+    union of their selected blocks (decodes and prefill tokens of several
+    requests may share a tile) equals the oracle, every KV scale mode."""
+    seed = _seed()
+    dtype = DTYPES[-1]
+    Hq, Hkv, D, _, B, page, topk = SHAPES[1] if ON_GPU else SHAPES[0]
+    batch = Batch(TILE_CASES[case](B), page)
+    pick = random_selection if selection == "random" else shared_selection
+    sel = pick(batch, Hkv, topk, B)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    scale = D ** -0.5
+    tiles = (2, 4) if not ON_GPU else (2, 4, 8)
+    modes = ((0, True), (1, True), (1, False), (2, True))
+    for mode, fold in modes:
+        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
+        ref = ref_attention(batch, q, deq, sel, B, scale)
+        atol, rtol = tol(dtype)
+        atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
+        for tm in tiles:
+            out = torch.full_like(q, float("nan"))
+            got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,
+                                         batch.token_pos, sel, B, scale, mode, ks, vs, kvs,
+                                         fold_scalar_scales=fold, out=out, token_tile=tm)
+            assert got.data_ptr() == out.data_ptr()
+            torch.testing.assert_close(
+                got.double(), ref, atol=atol, rtol=rtol,
+                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} tile {tm}] {m}")
+
+
+def test_block_sparse_attention_token_tile_must_be_pow2():
+    batch = Batch([(0, 3)], SHAPES[0][5])
+    Hq, Hkv, D, _, B, page, topk = SHAPES[0]
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(DTYPES[0])
+    kv, *_ = make_kv_cache(batch, Hkv, D, DTYPES[0], 0)
+    sel = random_selection(batch, Hkv, topk, B)
+    with pytest.raises(ValueError, match="token_tile"):
+        block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
+                               sel, B, 0.1, token_tile=3)
+
+
 @pytest.mark.parametrize("Hq,Hkv", [(5, 1), (6, 2)] if not ON_GPU else [(24, 1), (48, 4)])
 def test_block_sparse_attention_odd_groups(Hq, Hkv):
     """GQA group sizes that are not powers of two (5, 3 / 24, 12)."""

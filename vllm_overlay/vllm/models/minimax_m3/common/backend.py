@@ -94,8 +94,20 @@ def one_launch_decode() -> bool:
     """``VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE`` (default 0): the Triton decode
     index selects its top-k in the scoring launch and the attention merges its
     splits in the attention launch (``fused_select`` / ``fused_merge``); off
-    until the H200 benchmark shows it pays."""
+    until the H200 benchmark shows it pays (2026-11-30: it does not; slower)."""
     return _env_flag("VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE", "0")
+
+
+def prefill_token_tile() -> int:
+    """``VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE`` (default 0 = off): for batches
+    with prefill tokens the Triton attention runs one program per this many
+    consecutive tokens and reads each distinct selected block of the tile once
+    (``token_tile``); a power of two, 0 or 1 for one token per program."""
+    name = "VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE"
+    value = os.environ.get(name, "0")
+    if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
+        raise ValueError(f"{name} must be 0 or a power of two up to 16, got {value!r}")
+    return int(value)
 
 
 @dataclass
@@ -350,6 +362,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         self.init_blocks = init_blocks
         self.fold_scalar_scales = fold_scalar_kv_scales()
         self.one_launch = one_launch_decode()
+        self.prefill_token_tile = prefill_token_tile()
         self._ops: SparseOps | None = None
 
     def forward(  # type: ignore[override]
@@ -424,7 +437,9 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             v_scale,
             kv_scales,
             **({"fold_scalar_scales": self.fold_scalar_scales,
-                "fused_merge": self.one_launch} if ops.triton else {}),
+                "fused_merge": self.one_launch,
+                "token_tile": (self.prefill_token_tile if md.num_decode_tokens < T else 0)}
+               if ops.triton else {}),
         )
         output[:T] = out
         return output

@@ -15,6 +15,7 @@ from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vect
                      check_triton, largest_pow2_divisor, next_pow2, num_sms)
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
+from .sparse_attn_tiled import sparse_attn_tiled_kernel
 
 _FP8_DTYPES = tuple(
     getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
@@ -86,6 +87,7 @@ def block_sparse_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     fused_merge: bool = False,
+    token_tile: int = 0,
     _tune: dict | None = None,
 ) -> torch.Tensor:
     """Block-sparse GQA attention of each query token over its selected blocks.
@@ -106,6 +108,9 @@ def block_sparse_attention(
       num_splits: override of the split count over selected blocks (tests).
       fused_merge: with several splits, the split program that finishes last
         merges them (arrival counters in a persistent buffer): no merge launch.
+      token_tile: > 1 runs ``sparse_attn_tiled``: one program per this many
+        consecutive tokens and KV head, reading each distinct selected block
+        of the tile once (for prefill chunks; no context splits).
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
         num_stages).
     Returns: [T, Hq, D] in q.dtype.
@@ -152,6 +157,28 @@ def block_sparse_attention(
     sstr = kv_scales.stride() if kv_scale_mode == 2 else (0, 0, 0, 0)
     kernel_mode = 3 if (kv_scale_mode == 1 and not fold_scalar_scales) else kv_scale_mode
 
+    fp16_mma = kv_scale_mode != 0 and q.dtype == torch.bfloat16
+    if token_tile and (token_tile < 1 or token_tile & (token_tile - 1)):
+        raise ValueError(f"token_tile must be a power of two (tokens per program), "
+                         f"got {token_tile}")
+    if token_tile > 1:
+        sparse_attn_tiled_kernel[(cdiv(T, token_tile), HKV)](
+            q, kv_cache, block_table, token_req, token_pos, topk_blocks, out,
+            ks, vs, kvs, float(scale), T,
+            q.stride(0), q.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+            sstr[0], sstr[1], sstr[2], sstr[3],
+            block_table.stride(0),
+            topk_blocks.stride(0), topk_blocks.stride(1),
+            out.stride(0), out.stride(1),
+            G=G, G_PAD=G_PAD, TM=int(token_tile), D=D, D_PAD=D_PAD,
+            TOPK=topk, TOPK_PAD=max(2, next_pow2(topk)),
+            SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
+            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
+            num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2),
+        )
+        return out
+
     if splits == 1:
         part_o = part_lse = out
         o_ptr, ost = out, (out.stride(0), out.stride(1))
@@ -177,7 +204,7 @@ def block_sparse_attention(
         TOPK=topk, SLOTS=slots, NUM_SPLITS=splits,
         SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
         SCALE_MODE=kernel_mode, IEEE=ieee,
-        FP16_MMA=(kv_scale_mode != 0 and q.dtype == torch.bfloat16),
+        FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
         num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2),
     )

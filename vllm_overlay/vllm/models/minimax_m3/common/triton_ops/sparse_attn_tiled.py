@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Block-sparse GQA attention for a tile of consecutive query tokens.
+
+``sparse_attn_fwd`` reads the K/V of every selected block once per query
+token.  In a prefill chunk consecutive tokens select nearly the same blocks
+(their own block and the same high-scoring ones), so that kernel reads each
+block up to ``TOPK``-times-tokens often and its tiles have only ``G`` rows.
+Here one program takes ``TM`` consecutive tokens of one KV head: the tile has
+``TM * G_PAD`` rows (token-major: row ``r`` is token ``t0 + r // G_PAD``,
+query head ``kv_head * G + r % G_PAD``), and walks the union of the tokens'
+selected blocks, reading each distinct (request, block) once.
+
+The union is walked in candidate order ``(token i, slot s)``: a candidate is
+processed when its block id is >= 0 and no earlier candidate of the tile
+(token ``< i``, or token ``i`` and slot ``< s``) names the same block of the
+same request.  A row takes part in a block's keys only if its token selected
+that block (same request) and, per key, ``key position <= token position``.
+Rows of padding heads, tokens past ``T`` and tokens with nothing visible
+produce zeros.  Online softmax in base 2, as in ``sparse_attn_fwd``.
+
+Scale modes (``SCALE_MODE`` constexpr): as ``sparse_attn_fwd`` (0 none, 1
+scalar folded, 2 per token and KV head, 3 scalar unfolded).
+
+Layouts (element strides):
+  q        [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
+  topk     [T, Hkv, TOPK] int32 block ids (-1 = empty slot)
+  out      [T, Hq, D] (q dtype), written normalised.  No context splits.
+"""
+
+from ._paged import paged_row_offsets
+from ._triton import tl, triton
+
+
+@triton.jit
+def sparse_attn_tiled_kernel(
+    q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, topk_ptr, out_ptr,
+    k_scale_ptr, v_scale_ptr, kvs_ptr,
+    sm_scale, T,
+    stride_qt, stride_qh,
+    stride_cp, stride_ckv, stride_cs, stride_ch,
+    stride_sp, stride_skv, stride_ss, stride_sh,
+    stride_bt,
+    stride_tt, stride_th,
+    stride_ot, stride_oh,
+    G: tl.constexpr, G_PAD: tl.constexpr, TM: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr,
+    TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
+):
+    R: tl.constexpr = TM * G_PAD
+    tile = tl.program_id(0)
+    g = tl.program_id(1)
+    t0 = tile * TM
+
+    offs_r = tl.arange(0, R)
+    offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_s = tl.arange(0, TOPK_PAD)
+    row_tok = offs_r // G_PAD                      # token index in the tile
+    row_head = offs_r % G_PAD
+    tok = t0 + row_tok
+    tvalid = tok < T
+    rvalid = tvalid & (row_head < G)
+    dmask = offs_d < D
+    tok64 = tok.to(tl.int64)
+    req_r = tl.load(req_ptr + tok, mask=tvalid, other=-1)
+    pos_r = tl.load(pos_ptr + tok, mask=tvalid, other=-1)
+    # every row's token's selection: [R, TOPK_PAD] (-1 where absent)
+    sel_r = tl.load(topk_ptr + tok64[:, None] * stride_tt + g * stride_th + offs_s[None, :],
+                    mask=tvalid[:, None] & (offs_s[None, :] < TOPK), other=-1)
+
+    heads = g * G + row_head
+    q = tl.load(q_ptr + tok64[:, None] * stride_qt + heads[:, None] * stride_qh
+                + offs_d[None, :], mask=rvalid[:, None] & dmask[None, :], other=0.0)
+    if IEEE:
+        q = q.to(tl.float32)
+    if FP16_MMA:
+        q = q.to(tl.float16)
+    cdt = q.dtype
+
+    qk_scale = sm_scale * 1.4426950408889634
+    if SCALE_MODE == 1:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+    if SCALE_MODE == 3:
+        k_elem_scale = tl.load(k_scale_ptr)
+        v_elem_scale = tl.load(v_scale_ptr)
+
+    k_base = kv_ptr + g * stride_ch
+    v_base = kv_ptr + stride_ckv + g * stride_ch
+
+    m_i = tl.full([R], float("-inf"), tl.float32)
+    l_i = tl.zeros([R], tl.float32)
+    acc = tl.zeros([R, D_PAD], tl.float32)
+
+    for c in range(TM * TOPK):
+        ci = c // TOPK                             # candidate's token in the tile
+        cs = c % TOPK
+        ct = t0 + ci
+        live = ct < T
+        ct_safe = tl.where(live, ct, 0)
+        b = tl.load(topk_ptr + ct_safe.to(tl.int64) * stride_tt + g * stride_th + cs)
+        creq = tl.load(req_ptr + ct_safe)
+        same = (sel_r == b) & (req_r == creq)[:, None]          # [R, TOPK_PAD]
+        earlier = (row_tok < ci)[:, None] | ((row_tok == ci)[:, None] & (offs_s[None, :] < cs))
+        dup = tl.sum((same & earlier).to(tl.int32)) > 0
+        if live & (b >= 0) & (dup == 0):
+            member = tl.max(same.to(tl.int32), axis=1) > 0   # [R]: row's token chose b
+            member = member & rvalid
+            pmax = tl.max(tl.where(member, pos_r, -1))
+            bt_row = bt_ptr + creq.to(tl.int64) * stride_bt
+            for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+                kp = b * SPARSE_BLOCK + n0 + offs_n
+                kload = kp <= pmax
+                row = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_cp, stride_cs)
+                ld_mask = kload[:, None] & dmask[None, :]
+                k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+                v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+                if SCALE_MODE == 3:
+                    k = k.to(tl.float32) * k_elem_scale
+                    v = v.to(tl.float32) * v_elem_scale
+                if IEEE:
+                    s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
+                else:
+                    s = tl.dot(q, tl.trans(k.to(cdt)))
+                s = s * qk_scale
+                if SCALE_MODE == 2:
+                    srow = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_sp, stride_ss)
+                    ksc = tl.load(kvs_ptr + srow + g * stride_sh, mask=kload, other=0.0)
+                    vsc = tl.load(kvs_ptr + stride_skv + srow + g * stride_sh, mask=kload,
+                                  other=0.0)
+                    s = s * ksc[None, :]
+                vis = member[:, None] & (kp[None, :] <= pos_r[:, None])
+                s = tl.where(vis, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp2(s - m_safe[:, None])
+                alpha = tl.exp2(m_i - m_safe)
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                if SCALE_MODE == 2:
+                    p = p * vsc[None, :]
+                if IEEE:
+                    pv = tl.dot(p, v.to(cdt), input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(cdt), v.to(cdt))
+                acc = acc * alpha[:, None] + pv
+                m_i = m_new
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    if SCALE_MODE == 1:
+        o = o * tl.load(v_scale_ptr)
+    optr = out_ptr + tok64[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rvalid[:, None] & dmask[None, :])
