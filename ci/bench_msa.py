@@ -414,6 +414,8 @@ def bench(args):
     res["copy_bandwidth_GBps"] = bw / 1e9
     print(f"[info] copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     timer = Timer(dev, args.reps)
+    res["launch_floor_us"] = launch_floor(timer, dev)
+    print(f"[info] launch floor {res['launch_floor_us']}", flush=True)
 
     ctxs = [8192, 32768, 131072] if not args.quick else [8192]
     batches = [1, 32] if not args.quick else [1]
@@ -534,31 +536,55 @@ def bench(args):
                 idx()
                 row["index_topk_ms"] = timer.time_fn(idx) / 1e3
                 row["attention_ms"] = timer.time_fn(attn) / 1e3
-                # token tiles: one program per TM consecutive tokens, each distinct
-                # selected block of the tile read once (sparse_attn_tiled)
-                for tm in (2, 4, 8):
-                    o_t = torch.full_like(o, float("nan"))
-
-                    def attn_tiled(tm=tm, o_t=o_t):
-                        block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
-                                               bt.token_pos, sel, B, D ** -0.5, kv_mode,
-                                               bt.k_scale, bt.v_scale, bt.kv_scales, out=o_t,
-                                               token_tile=tm)
-                    attn_tiled()
-                    attn()
-                    torch.cuda.synchronize()
-                    row[f"tiled{tm}_max_diff"] = float((o_t.float() - o.float()).abs().max())
-                    row[f"attention_tiled{tm}_ms"] = timer.time_fn(attn_tiled) / 1e3
-                if kv_mode == 1:  # scalar scales unfolded (seed 002's A/B)
-                    row["attention_unfolded_ms"] = timer.time_fn(lambda: block_sparse_attention(
-                        bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
-                        D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
-                        fold_scalar_scales=False)) / 1e3
                 row["total_ms"] = timer.time_fn(total) / 1e3
                 flops = 4 * HQ * D * (sel >= 0).sum().item() * B  # upper bound (full blocks)
                 row["attention_TFLOPs"] = flops / (row["attention_ms"] * 1e-3) / 1e12
                 if kv_mode == 0:
                     row["dense_ms"] = timer.time_fn(sdpa_dense_prefill(chunk, ctx, dev)) / 1e3
+                try:  # variants: a failure here keeps the row's main numbers
+                    # token tiles: one program per TM consecutive tokens, each distinct
+                    # selected block of the tile read once (sparse_attn_tiled)
+                    for tm in (2, 4, 8):
+                        o_t = torch.full_like(o, float("nan"))
+
+                        def attn_tiled(tm=tm, o_t=o_t):
+                            block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                                   bt.token_pos, sel, B, D ** -0.5, kv_mode,
+                                                   bt.k_scale, bt.v_scale, bt.kv_scales, out=o_t,
+                                                   token_tile=tm)
+                        attn_tiled()
+                        attn()
+                        torch.cuda.synchronize()
+                        row[f"tiled{tm}_max_diff"] = float((o_t.float() - o.float()).abs().max())
+                        row[f"attention_tiled{tm}_ms"] = timer.time_fn(attn_tiled) / 1e3
+                    row["tile4_distinct_blocks"] = distinct_per_tile(sel, 4)
+                    # prefill-like selections: index queries shared by 256-token windows
+                    # (plus noise), so neighbouring tokens choose mostly the same blocks,
+                    # as real text does; random index queries (above) are the worst case
+                    win = 256
+                    base = torch.randn(-(-bt.T // win), HIDX, DIDX, device=dev)
+                    qc = (base.repeat_interleave(win, 0)[:bt.T]
+                          + 0.3 * torch.randn(bt.T, HIDX, DIDX, device=dev)).to(bt.idx_q.dtype)
+                    selc = index_block_topk(qc, bt.idx_k, bt.block_table, bt.token_req,
+                                            bt.token_pos, B, TOPK, num_decode_tokens=0)
+                    row["corr_tile4_distinct_blocks"] = distinct_per_tile(selc, 4)
+                    row["attention_corr_ms"] = timer.time_fn(lambda: block_sparse_attention(
+                        bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, selc, B,
+                        D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales, out=o)) / 1e3
+                    for tm in (4, 8):
+                        row[f"attention_corr_tiled{tm}_ms"] = timer.time_fn(
+                            lambda tm=tm: block_sparse_attention(
+                                bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, selc, B,
+                                D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
+                                token_tile=tm)) / 1e3
+                    if kv_mode == 1:  # scalar scales unfolded (seed 002's A/B)
+                        row["attention_unfolded_ms"] = timer.time_fn(lambda: block_sparse_attention(
+                            bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
+                            D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
+                            fold_scalar_scales=False)) / 1e3
+                except Exception:  # noqa: BLE001
+                    row["variant_error"] = traceback.format_exc()
+                    print(row["variant_error"], flush=True)
                 del bt
             except Exception:  # noqa: BLE001
                 row["error"] = traceback.format_exc()
@@ -570,6 +596,45 @@ def bench(args):
     if args.sweep:
         res["sweep"] = sweep(timer, dev)
     return res
+
+
+def launch_floor(timer, dev):
+    """What a decode step's kernel chain costs with no work, timed like the
+    kernels: a graph of n launches of a one-program Triton kernel that follows
+    a chain of 3 dependent loads (selected id -> block table -> cache row, as
+    the MSA kernels do), for n = 1, 2, 4; L2 flushed and warm."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _chase(a_ptr, out_ptr):
+        i = tl.load(a_ptr)
+        j = tl.load(a_ptr + i)
+        k = tl.load(a_ptr + j)
+        tl.store(out_ptr, k)
+
+    a = torch.arange(1, 4097, dtype=torch.int32, device=dev)
+    a[0], a[1] = 1024, 2048
+    out = torch.empty(1, dtype=torch.int32, device=dev)
+    res = {}
+    for n in (1, 2, 4):
+        def chain(n=n):
+            for _ in range(n):
+                _chase[(1,)](a, out)
+        g = timer.graph(chain)
+        res[f"{n}_kernels"] = timer.time_graph(g)
+        res[f"{n}_kernels_warm"] = timer.time_graph(g, flush=False)
+    return res
+
+
+def distinct_per_tile(sel, tm):
+    """Mean number of distinct selected blocks (first index head) per tile of
+    ``tm`` consecutive tokens: what the token-tiled attention reads per tile
+    (``tm * topk`` if no two tokens share a block)."""
+    n = sel.shape[0] // tm * tm
+    s = sel[:n, 0].reshape(-1, tm * sel.shape[2]).sort(dim=1).values
+    new = (s[:, 1:] != s[:, :-1]) & (s[:, 1:] >= 0)
+    return float((new.sum(1) + (s[:, 0] >= 0)).float().mean())
 
 
 def sweep(timer, dev):
@@ -665,6 +730,12 @@ def to_markdown(res):
          "",
          f"Correctness at real shapes: **{'PASS' if res.get('correctness_passed') else 'FAIL'}**",
          ""]
+    lf = res.get("launch_floor_us")
+    if lf:
+        L += ["Launch floor (graph of n one-program kernels, each a chain of 3 dependent "
+              "loads; us, flushed / warm): "
+              + ", ".join(f"{n} kernels {_f(lf.get(f'{n}_kernels'))} / "
+                          f"{_f(lf.get(f'{n}_kernels_warm'))}" for n in (1, 2, 4)) + ".", ""]
     for e in res.get("correctness", []):
         L.append(f"- {e['case']}: {'pass' if e['passed'] else 'FAIL'}"
                  + (f" (top-k valid {e.get('topk_valid_fraction')}, attn max err "
@@ -692,6 +763,21 @@ def to_markdown(res):
                  f"{'' if r.get('fused_merge_max_diff', 0.0) < 1e-2 else ' (output DIFFERS)'} | "
                  f"{_f(r.get('total_fused_us'))} | {_f(r.get('attention_unfolded_us'))} |"
                  + (" ERROR |" if "error" in r else ""))
+    L += ["", "## Prefill: token-tiled attention (milliseconds; distinct blocks per 4-token "
+          "tile, at most 4 x top-k)", "",
+          "| context | KV | selection | distinct blocks / 4 tokens | attention | tiled 4 | tiled 8 |",
+          "|---|---|---|---|---|---|---|"]
+    for r in res.get("prefill", []):
+        if "attention_corr_ms" not in r:
+            continue
+        L.append(f"| {r['context'] // 1024}k | {r['kv']} | random | "
+                 f"{_f(r.get('tile4_distinct_blocks'))} | {_f(r.get('attention_ms'), 3)} | "
+                 f"{_f(r.get('attention_tiled4_ms'), 3)} | {_f(r.get('attention_tiled8_ms'), 3)} |")
+        L.append(f"| {r['context'] // 1024}k | {r['kv']} | prefill-like | "
+                 f"{_f(r.get('corr_tile4_distinct_blocks'))} | "
+                 f"{_f(r.get('attention_corr_ms'), 3)} | "
+                 f"{_f(r.get('attention_corr_tiled4_ms'), 3)} | "
+                 f"{_f(r.get('attention_corr_tiled8_ms'), 3)} |")
     L += ["", "## Prefill, chunk of 8192 at the end of the context (milliseconds)", "",
           "| context | KV | index+top-k | attention | total | dense | attention TFLOP/s "
           "| attention fp8 unfolded | attention tiled 2 | attention tiled 4 | attention tiled 8 |",
