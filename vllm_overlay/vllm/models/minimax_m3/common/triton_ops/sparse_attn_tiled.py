@@ -10,10 +10,12 @@ Here one program takes ``TM`` consecutive tokens of one KV head: the tile has
 query head ``kv_head * G + r % G_PAD``), and walks the union of the tokens'
 selected blocks, reading each distinct (request, block) once.
 
-The union is walked in candidate order ``(token i, slot s)``: a candidate is
-processed when its block id is >= 0 and no earlier candidate of the tile
-(token ``< i``, or token ``i`` and slot ``< s``) names the same block of the
-same request.  A row takes part in a block's keys only if its token selected
+The union is built in registers before the walk: the tile's candidates
+``(token i, slot s)`` form one vector; a candidate counts when its block id is
+>= 0 and no earlier candidate (token ``< i``, or token ``i`` and slot ``< s``)
+names the same block of the same request; a prefix sum ranks the counted ones,
+and the walk takes them in rank order (no data-dependent branches, no scalar
+loads inside the loop besides the paged K/V rows).  A row takes part in a block's keys only if its token selected
 that block (same request) and, per key, ``key position <= token position``.
 Rows of padding heads, tokens past ``T`` and tokens with nothing visible
 produce zeros.  Online softmax in base 2, as in ``sparse_attn_fwd``.
@@ -89,62 +91,70 @@ def sparse_attn_tiled_kernel(
     k_base = kv_ptr + g * stride_ch
     v_base = kv_ptr + stride_ckv + g * stride_ch
 
+    # the tile's candidates (token i, slot s) as one vector, c = i * TOPK_PAD + s
+    C: tl.constexpr = TM * TOPK_PAD
+    offs_c = tl.arange(0, C)
+    c_tok = t0 + offs_c // TOPK_PAD
+    c_ok = (c_tok < T) & (offs_c % TOPK_PAD < TOPK)
+    c_blk = tl.load(topk_ptr + c_tok.to(tl.int64) * stride_tt + g * stride_th
+                    + offs_c % TOPK_PAD, mask=c_ok, other=-1)
+    c_req = tl.load(req_ptr + c_tok, mask=c_ok, other=-1)
+    c_ok = c_ok & (c_blk >= 0)
+    # first occurrence of each (request, block) in candidate order
+    same_c = ((c_blk[:, None] == c_blk[None, :]) & (c_req[:, None] == c_req[None, :])
+              & (offs_c[None, :] < offs_c[:, None]) & c_ok[None, :])
+    first = c_ok & (tl.max(same_c.to(tl.int32), axis=1) == 0)
+    rank = tl.cumsum(first.to(tl.int32), axis=0) - 1   # slot of each first occurrence
+    n_unique = tl.sum(first.to(tl.int32), axis=0)
+
     m_i = tl.full([R], float("-inf"), tl.float32)
     l_i = tl.zeros([R], tl.float32)
     acc = tl.zeros([R, D_PAD], tl.float32)
 
-    for c in range(TM * TOPK):
-        ci = c // TOPK                             # candidate's token in the tile
-        cs = c % TOPK
-        ct = t0 + ci
-        live = ct < T
-        ct_safe = tl.where(live, ct, 0)
-        b = tl.load(topk_ptr + ct_safe.to(tl.int64) * stride_tt + g * stride_th + cs)
-        creq = tl.load(req_ptr + ct_safe)
+    for j in range(n_unique):
+        pick = first & (rank == j)
+        b = tl.sum(tl.where(pick, c_blk, 0), axis=0)
+        creq = tl.sum(tl.where(pick, c_req, 0), axis=0)
         same = (sel_r == b) & (req_r == creq)[:, None]          # [R, TOPK_PAD]
-        earlier = (row_tok < ci)[:, None] | ((row_tok == ci)[:, None] & (offs_s[None, :] < cs))
-        dup = tl.sum((same & earlier).to(tl.int32)) > 0
-        if live & (b >= 0) & (dup == 0):
-            member = tl.max(same.to(tl.int32), axis=1) > 0   # [R]: row's token chose b
-            member = member & rvalid
-            pmax = tl.max(tl.where(member, pos_r, -1))
-            bt_row = bt_ptr + creq.to(tl.int64) * stride_bt
-            for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-                kp = b * SPARSE_BLOCK + n0 + offs_n
-                kload = kp <= pmax
-                row = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_cp, stride_cs)
-                ld_mask = kload[:, None] & dmask[None, :]
-                k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
-                v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
-                if SCALE_MODE == 3:
-                    k = k.to(tl.float32) * k_elem_scale
-                    v = v.to(tl.float32) * v_elem_scale
-                if IEEE:
-                    s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
-                else:
-                    s = tl.dot(q, tl.trans(k.to(cdt)))
-                s = s * qk_scale
-                if SCALE_MODE == 2:
-                    srow = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_sp, stride_ss)
-                    ksc = tl.load(kvs_ptr + srow + g * stride_sh, mask=kload, other=0.0)
-                    vsc = tl.load(kvs_ptr + stride_skv + srow + g * stride_sh, mask=kload,
-                                  other=0.0)
-                    s = s * ksc[None, :]
-                vis = member[:, None] & (kp[None, :] <= pos_r[:, None])
-                s = tl.where(vis, s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp2(s - m_safe[:, None])
-                alpha = tl.exp2(m_i - m_safe)
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                if SCALE_MODE == 2:
-                    p = p * vsc[None, :]
-                if IEEE:
-                    pv = tl.dot(p, v.to(cdt), input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(cdt), v.to(cdt))
-                acc = acc * alpha[:, None] + pv
-                m_i = m_new
+        member = (tl.max(same.to(tl.int32), axis=1) > 0) & rvalid  # row's token chose b
+        pmax = tl.max(tl.where(member, pos_r, -1), axis=0)
+        bt_row = bt_ptr + creq.to(tl.int64) * stride_bt
+        for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+            kp = b * SPARSE_BLOCK + n0 + offs_n
+            kload = kp <= pmax
+            row = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_cp, stride_cs)
+            ld_mask = kload[:, None] & dmask[None, :]
+            k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+            v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+            if SCALE_MODE == 3:
+                k = k.to(tl.float32) * k_elem_scale
+                v = v.to(tl.float32) * v_elem_scale
+            if IEEE:
+                s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k.to(cdt)))
+            s = s * qk_scale
+            if SCALE_MODE == 2:
+                srow = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_sp, stride_ss)
+                ksc = tl.load(kvs_ptr + srow + g * stride_sh, mask=kload, other=0.0)
+                vsc = tl.load(kvs_ptr + stride_skv + srow + g * stride_sh, mask=kload,
+                              other=0.0)
+                s = s * ksc[None, :]
+            vis = member[:, None] & (kp[None, :] <= pos_r[:, None])
+            s = tl.where(vis, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if SCALE_MODE == 2:
+                p = p * vsc[None, :]
+            if IEEE:
+                pv = tl.dot(p, v.to(cdt), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(cdt), v.to(cdt))
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
