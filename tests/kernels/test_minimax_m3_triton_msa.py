@@ -455,7 +455,9 @@ def test_block_sparse_attention_token_tiles(case, selection):
     seed = _seed()
     dtype = DTYPES[-1]
     Hq, Hkv, D, _, B, page, topk = SHAPES[1] if ON_GPU else SHAPES[0]
-    batch = Batch(TILE_CASES[case](B), page)
+    reqs = TILE_CASES[case](B)
+    batch = Batch(reqs, page)
+    n_decode = next((i for i, (_, n) in enumerate(reqs) if n != 1), len(reqs))
     pick = random_selection if selection == "random" else shared_selection
     sel = pick(batch, Hkv, topk, B)
     q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
@@ -468,14 +470,19 @@ def test_block_sparse_attention_token_tiles(case, selection):
         atol, rtol = tol(dtype)
         atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
         for tm in tiles:
-            out = torch.full_like(q, float("nan"))
-            got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,
-                                         batch.token_pos, sel, B, scale, mode, ks, vs, kvs,
-                                         fold_scalar_scales=fold, out=out, token_tile=tm)
-            assert got.data_ptr() == out.data_ptr()
-            torch.testing.assert_close(
-                got.double(), ref, atol=atol, rtol=rtol,
-                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} tile {tm}] {m}")
+            # tile_start: the batch's decode tokens (listed first) one per program,
+            # or an arbitrary split point
+            for start in sorted({0, n_decode, batch.T // 2}):
+                out = torch.full_like(q, float("nan"))
+                got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,
+                                             batch.token_pos, sel, B, scale, mode, ks, vs, kvs,
+                                             fold_scalar_scales=fold, out=out, token_tile=tm,
+                                             tile_start=start)
+                assert got.data_ptr() == out.data_ptr()
+                torch.testing.assert_close(
+                    got.double(), ref, atol=atol, rtol=rtol,
+                    msg=lambda m: f"[seed {seed} mode {mode} fold {fold} tile {tm} "
+                                  f"start {start}] {m}")
 
 
 def test_block_sparse_attention_token_tile_must_be_pow2():

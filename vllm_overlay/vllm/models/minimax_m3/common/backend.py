@@ -101,8 +101,9 @@ def one_launch_decode() -> bool:
 def prefill_token_tile() -> int:
     """``VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE`` (default 0 = off): for batches
     with prefill tokens the Triton attention runs one program per this many
-    consecutive tokens and reads each distinct selected block of the tile once
-    (``token_tile``); a power of two, 0 or 1 for one token per program."""
+    consecutive prefill tokens and reads each distinct selected block of the
+    tile once (``token_tile``; the batch's decode tokens stay one per
+    program); a power of two, 0 or 1 for one token per program."""
     name = "VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE"
     value = os.environ.get(name, "0")
     if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
@@ -438,7 +439,8 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             kv_scales,
             **({"fold_scalar_scales": self.fold_scalar_scales,
                 "fused_merge": self.one_launch,
-                "token_tile": (self.prefill_token_tile if md.num_decode_tokens < T else 0)}
+                "token_tile": (self.prefill_token_tile if md.num_decode_tokens < T else 0),
+                "tile_start": md.num_decode_tokens}
                if ops.triton else {}),
         )
         output[:T] = out

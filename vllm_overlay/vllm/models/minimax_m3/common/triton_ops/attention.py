@@ -88,6 +88,7 @@ def block_sparse_attention(
     num_splits: int | None = None,
     fused_merge: bool = False,
     token_tile: int = 0,
+    tile_start: int = 0,
     _tune: dict | None = None,
 ) -> torch.Tensor:
     """Block-sparse GQA attention of each query token over its selected blocks.
@@ -111,6 +112,9 @@ def block_sparse_attention(
       token_tile: > 1 runs ``sparse_attn_tiled``: one program per this many
         consecutive tokens and KV head, reading each distinct selected block
         of the tile once (for prefill chunks; no context splits).
+      tile_start: with ``token_tile``, tokens before this index (a batch's
+        decode tokens, which share few blocks with their neighbours) run one
+        per program as without it; the tiles start here.
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
         num_stages).
     Returns: [T, Hq, D] in q.dtype.
@@ -161,7 +165,23 @@ def block_sparse_attention(
     if token_tile and (token_tile < 1 or token_tile & (token_tile - 1)):
         raise ValueError(f"token_tile must be a power of two (tokens per program), "
                          f"got {token_tile}")
+    if token_tile > 1 and 0 < tile_start:
+        n = min(int(tile_start), T)
+        block_sparse_attention(
+            q[:n], kv_cache, block_table, token_req[:n], token_pos[:n], topk_blocks[:n],
+            sparse_block, scale, kv_scale_mode, k_scale, v_scale, kv_scales,
+            fold_scalar_scales=fold_scalar_scales, out=out[:n], fused_merge=fused_merge,
+            _tune=_tune)
+        if n < T:
+            block_sparse_attention(
+                q[n:], kv_cache, block_table, token_req[n:], token_pos[n:], topk_blocks[n:],
+                sparse_block, scale, kv_scale_mode, k_scale, v_scale, kv_scales,
+                fold_scalar_scales=fold_scalar_scales, out=out[n:], token_tile=token_tile,
+                _tune=_tune)
+        return out
     if token_tile > 1:
+        # 128 accumulator rows or more: 8 warps keep the fp32 tile in registers
+        tiled_warps = 4 if token_tile * G_PAD <= 64 else 8
         sparse_attn_tiled_kernel[(cdiv(T, token_tile), HKV)](
             q, kv_cache, block_table, token_req, token_pos, topk_blocks, out,
             ks, vs, kvs, float(scale), T,
@@ -175,7 +195,7 @@ def block_sparse_attention(
             TOPK=topk, TOPK_PAD=max(2, next_pow2(topk)),
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
             SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
-            num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2),
+            num_warps=tune.get("num_warps", tiled_warps), num_stages=tune.get("num_stages", 2),
         )
         return out
 
