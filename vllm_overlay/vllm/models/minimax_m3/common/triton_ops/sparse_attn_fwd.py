@@ -40,7 +40,7 @@ fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 [0, 1] keeps more mantissa in fp16 than in bf16.
 """
 
-from ._paged import paged_row_offsets
+from ._attend import attend_key_tile, load_key_tile, scales_and_operand
 from ._triton import tl, triton
 
 
@@ -79,19 +79,8 @@ def sparse_attn_fwd_kernel(
     heads = g * G + offs_m
     q = tl.load(q_ptr + t64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mmask[:, None] & dmask[None, :], other=0.0)
-    if IEEE:
-        q = q.to(tl.float32)
-    if FP16_MMA:
-        # fp8 e4m3 -> fp16 is one exact hardware conversion (-> bf16 is not)
-        q = q.to(tl.float16)
-    cdt = q.dtype  # dtype of the tl.dot operands
-
-    qk_scale = sm_scale * 1.4426950408889634
-    if SCALE_MODE == 1:
-        qk_scale = qk_scale * tl.load(k_scale_ptr)
-    if SCALE_MODE == 3:
-        k_elem_scale = tl.load(k_scale_ptr)
-        v_elem_scale = tl.load(v_scale_ptr)
+    q, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
+        q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
 
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     k_base = kv_ptr + g * stride_ch
@@ -109,37 +98,12 @@ def sparse_attn_fwd_kernel(
         for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
             kp = b * SPARSE_BLOCK + n0 + offs_n
             kvalid = (kp <= pos) & (b >= 0)
-            row = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_cp, stride_cs)
-            ld_mask = kvalid[:, None] & dmask[None, :]
-            k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
-            v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
-            if SCALE_MODE == 3:
-                k = k.to(tl.float32) * k_elem_scale
-                v = v.to(tl.float32) * v_elem_scale
-            if IEEE:
-                s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k.to(cdt)))
-            s = s * qk_scale
-            if SCALE_MODE == 2:
-                srow = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_sp, stride_ss)
-                ksc = tl.load(kvs_ptr + srow + g * stride_sh, mask=kvalid, other=0.0)
-                vsc = tl.load(kvs_ptr + stride_skv + srow + g * stride_sh, mask=kvalid, other=0.0)
-                s = s * ksc[None, :]
-            s = tl.where(kvalid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if SCALE_MODE == 2:
-                p = p * vsc[None, :]
-            if IEEE:
-                pv = tl.dot(p, v.to(cdt), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(cdt), v.to(cdt))
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            k, v, ksc, vsc = load_key_tile(
+                k_base, v_base, kvs_ptr, bt_row, kp, kvalid, offs_d, dmask, g,
+                k_elem_scale, v_elem_scale, stride_cp, stride_cs,
+                stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
+            m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc, qk_scale,
+                                            ksc, vsc, SCALE_MODE, IEEE)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]

@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Compile the MSA attention kernels for an H100/H200 (sm_90) without a GPU:
+Triton's front end, its GPU passes, PTX and ``ptxas`` (shipped in the triton
+wheel), for every KV scale mode and the launch variants the engine uses.
+The interpreter runs the kernels' Python semantics only; this catches what
+only compilation sees (typing of jit-function returns, layouts, register
+allocation failures).  Run by ``test_minimax_m3_sm90_compile.py`` in a
+process without ``TRITON_INTERPRET``; prints one line per compiled kernel.
+"""
+
+import os
+import sys
+
+assert not os.environ.get("TRITON_INTERPRET"), "run without TRITON_INTERPRET"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from vllm.models.minimax_m3.common.triton_ops.sparse_attn_fwd import (  # noqa: E402
+    sparse_attn_fwd_kernel)
+from vllm.models.minimax_m3.common.triton_ops.sparse_attn_tiled import (  # noqa: E402
+    sparse_attn_tiled_kernel)
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_kernel(kernel, pointers, constexprs, num_warps):
+    sig = {n: ("constexpr" if n in constexprs
+               else pointers.get(n, "fp32" if n == "sm_scale" else "i32"))
+           for n in kernel.arg_names}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs),
+                              target=TARGET, options=dict(num_warps=num_warps, num_stages=2))
+    return compiled.asm["cubin"]
+
+
+def main():
+    done = 0
+    for mode in (0, 1, 2, 3):
+        ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16" if mode == 0 else "*fp8e4nv",
+                    bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32", topk_ptr="*i32",
+                    out_ptr="*bf16", part_o_ptr="*fp32", part_lse_ptr="*fp32",
+                    k_scale_ptr="*fp32", v_scale_ptr="*fp32", kvs_ptr="*fp32",
+                    cnt_ptr="*i32")
+        shape = dict(G=16, G_PAD=16, D=128, D_PAD=128, SPARSE_BLOCK=128, BLOCK_N=128,
+                     PAGE_SIZE=64, SCALE_MODE=mode, IEEE=False, FP16_MMA=mode != 0)
+        variants = [
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1,
+                                          FUSED_MERGE=False, S_PAD=2), 4),
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=4, NUM_SPLITS=4,
+                                          FUSED_MERGE=True, S_PAD=4), 4),
+            (sparse_attn_tiled_kernel, dict(TM=4, TOPK=16, TOPK_PAD=16), 4),
+            (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
+        ]
+        for kernel, extra, warps in variants:
+            cubin = compile_kernel(kernel, ptrs, dict(shape, **extra), warps)
+            assert len(cubin) > 0
+            print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
+                  flush=True)
+            done += 1
+    print(f"ok {done} kernels")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pieces of block-sparse attention shared by ``sparse_attn_fwd`` (one
+query token per program) and ``sparse_attn_tiled`` (a tile of tokens per
+program): the dot operand dtype and softmax scales, the load of one paged
+key tile, and the online-softmax update with it (base 2)."""
+
+from ._paged import paged_row_offsets
+from ._triton import tl, triton
+
+
+@triton.jit
+def scales_and_operand(q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE: tl.constexpr,
+                       IEEE: tl.constexpr, FP16_MMA: tl.constexpr):
+    """q in the tl.dot operand dtype (fp32 for IEEE runs; fp16 with an fp8
+    cache and bf16 queries: fp8 -> fp16 is one exact conversion), the score
+    scale ``sm_scale * log2(e)`` (x k_scale with SCALE_MODE 1), and the
+    per-element K/V scales of SCALE_MODE 3 (unused stand-ins otherwise); all
+    fp32 scalars."""
+    if IEEE:
+        q = q.to(tl.float32)
+    if FP16_MMA:
+        q = q.to(tl.float16)
+    qk_scale = sm_scale * 1.4426950408889634
+    k_elem_scale = qk_scale  # stand-ins (fp32 scalars) unless SCALE_MODE 3
+    v_elem_scale = qk_scale
+    if SCALE_MODE == 1:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+    if SCALE_MODE == 3:
+        k_elem_scale = tl.load(k_scale_ptr)
+        v_elem_scale = tl.load(v_scale_ptr)
+    return q, qk_scale, k_elem_scale, v_elem_scale
+
+
+@triton.jit
+def load_key_tile(k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, kv_head,
+                  k_elem_scale, v_elem_scale,
+                  stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
+                  PAGE_SIZE: tl.constexpr, SCALE_MODE: tl.constexpr):
+    """K and V rows [N, D_PAD] of key positions ``kp`` [N] (loaded where
+    ``kload``) from the request's pages, scaled per element with SCALE_MODE 3,
+    and with SCALE_MODE 2 their per-key scales [N] (else ``k_elem_scale``,
+    unused)."""
+    row = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_cp, stride_cs)
+    ld_mask = kload[:, None] & dmask[None, :]
+    k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+    v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
+    if SCALE_MODE == 3:
+        k = k.to(tl.float32) * k_elem_scale
+        v = v.to(tl.float32) * v_elem_scale
+    if SCALE_MODE == 2:
+        srow = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_sp, stride_ss)
+        ksc = tl.load(kvs_ptr + srow + kv_head * stride_sh, mask=kload, other=0.0)
+        vsc = tl.load(kvs_ptr + stride_skv + srow + kv_head * stride_sh, mask=kload, other=0.0)
+    else:
+        ksc = k_elem_scale
+        vsc = k_elem_scale
+    return k, v, ksc, vsc
+
+
+@triton.jit
+def attend_key_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, k_col_scale, v_col_scale,
+                    SCALE_MODE: tl.constexpr, IEEE: tl.constexpr):
+    """Fold one tile of keys into the running softmax of every query row.
+
+    q [M, D_PAD] (the tl.dot operand dtype); k, v [N, D_PAD] as loaded (fp8
+    or float); visible [M, N] or [1, N] bool; m_i, l_i [M] float32 (running
+    max and mass, log2 units); acc [M, D_PAD] float32; qk_scale: softmax
+    scale x log2(e) (with SCALE_MODE 1 also x k_scale).  SCALE_MODE 2 only:
+    k_col_scale / v_col_scale [N] per-key scales of K and V (else unused).
+    Returns the updated (m_i, l_i, acc).
+    """
+    cdt = q.dtype
+    if IEEE:
+        s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(cdt)))
+    s = s * qk_scale
+    if SCALE_MODE == 2:
+        s = s * k_col_scale[None, :]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if SCALE_MODE == 2:
+        p = p * v_col_scale[None, :]
+    if IEEE:
+        pv = tl.dot(p, v.to(cdt), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(cdt), v.to(cdt))
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
