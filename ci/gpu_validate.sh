@@ -8,7 +8,8 @@
 #   bash ci/gpu_validate.sh suites  # graphs vs eager bf16, then the fused shared expert
 #                                   # and bf16 parity with graphs on (GPU 0) beside the
 #                                   # token-tile and kernel suites, then the kernel
-#                                   # benchmark (GPU 1); SUITES_GPU0/1 override
+#                                   # benchmark (GPU 1); SUITES_GPU0/1 override, BENCH_ARGS
+#                                   # (default --sweep) are bench_msa.py's arguments
 #   bash ci/gpu_validate.sh e2e     # seed 002's A/B (`--sections bench_ab`, GPU 0)
 #                                   # beside the throughput table without FP8 KV (GPU 1)
 #   bash ci/gpu_validate.sh ab      # seed 002's A/B, fold on GPU 0 beside fold off on
@@ -54,7 +55,7 @@ case "$phase" in
         RUN_SUITES="${SUITES_GPU1:-graphs_token_tile kernels}" bash ci/gpu_series_tests.sh \
         > "$work/gpu1.out" 2>&1
       OUT="$work/gpu1" CUDA_VISIBLE_DEVICES=1 timeout -s TERM "$(( $(left) > 30 ? $(left) - 10 : 5 ))" \
-        python3 ci/bench_msa.py --sweep > "$work/gpu1/bench.out" 2>&1 ) &
+        python3 ci/bench_msa.py ${BENCH_ARGS---sweep} > "$work/gpu1/bench.out" 2>&1 ) &
     wait
     cat "$work/gpu0/gpu_tests.md" "$work/gpu1/gpu_tests.md" 2>/dev/null
     grep -c '^\[decode\]\|^\[prefill\]\|^\[sweep\]' "$work/gpu1/bench.out"
