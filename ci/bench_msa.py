@@ -594,7 +594,7 @@ def bench(args):
             pre.append(row)
     res["prefill"] = pre
     if args.sweep:
-        res["sweep"] = sweep(timer, dev)
+        res["sweep"] = sweep(timer, dev, args.sweep_kinds)
     return res
 
 
@@ -637,11 +637,15 @@ def distinct_per_tile(sel, tm):
     return float((new.sum(1) + (s[:, 0] >= 0)).float().mean())
 
 
-def sweep(timer, dev):
-    """Tuning sweep of the launch-shape knobs (not part of the table)."""
+SWEEP_KINDS = ("decode", "prefill_index", "prefill_attn")
+
+
+def sweep(timer, dev, kinds=SWEEP_KINDS):
+    """Tuning sweep of the launch-shape knobs (not part of the table); ``kinds``
+    picks the sweeps (decode index + attention, prefill index, prefill attention)."""
     index_block_topk, block_sparse_attention, _ = load_kernels()
     out = []
-    for batch, ctx in ((1, 8192), (32, 32768), (32, 131072)):
+    for batch, ctx in ((1, 8192), (32, 32768), (32, 131072)) if "decode" in kinds else ():
         bt = Batch([ctx] * batch, 1, 0, dev)
         sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         o = torch.empty_like(bt.q)
@@ -672,25 +676,28 @@ def sweep(timer, dev):
             out.append(dict(kind="decode_attn", batch=batch, context=ctx, num_splits=ns, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
-    for kv_mode in (0, 1):
+    # prefill index: an 8192-token chunk at the end of 32k and 128k contexts
+    for ctx in (32768, 131072) if "prefill_index" in kinds else ():
+        bt = Batch([ctx], 8192, 0, dev)
+        for tune in (dict(BLOCK_M=64, num_warps=4), dict(BLOCK_M=64, num_warps=8),
+                     dict(BLOCK_M=128, num_warps=4), dict(BLOCK_M=128, num_warps=8),
+                     dict(BLOCK_M=128, num_warps=8, num_stages=2),
+                     dict(BLOCK_M=64, num_warps=4, num_stages=2)):
+            try:
+                t = timer.time_fn(lambda: index_block_topk(
+                    bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                    num_decode_tokens=0, _tune=tune))
+            except Exception as e:  # noqa: BLE001
+                t = repr(e)[:200]
+            out.append(dict(kind="prefill_index", context=ctx, tune=tune, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    for kv_mode in (0, 1) if "prefill_attn" in kinds else ():
         bt = Batch([32768], 8192, kv_mode, dev)
         sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         o = torch.empty_like(bt.q)
         index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
                          TOPK, out=sel, num_decode_tokens=0)
-        if kv_mode == 0:
-            for tune in (dict(BLOCK_M=64, num_warps=4), dict(BLOCK_M=64, num_warps=8),
-                         dict(BLOCK_M=128, num_warps=4), dict(BLOCK_M=128, num_warps=8),
-                         dict(BLOCK_M=128, num_warps=8, num_stages=2),
-                         dict(BLOCK_M=64, num_warps=4, num_stages=2)):
-                try:
-                    t = timer.time_fn(lambda: index_block_topk(
-                        bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
-                        num_decode_tokens=0, _tune=tune))
-                except Exception as e:  # noqa: BLE001
-                    t = repr(e)[:200]
-                out.append(dict(kind="prefill_index", context=32768, tune=tune, us=t))
-                print(f"[sweep] {out[-1]}", flush=True)
         for tune in (dict(BLOCK_N=64, num_warps=4), dict(BLOCK_N=128, num_warps=4),
                      dict(BLOCK_N=128, num_warps=8), dict(BLOCK_N=32, num_warps=4),
                      dict(BLOCK_N=64, num_warps=4, num_stages=3),
@@ -801,14 +808,22 @@ def main():
     ap.add_argument("--check-only", action="store_true", help="only the correctness check")
     ap.add_argument("--sweep", action="store_true", help="also sweep the launch-shape knobs")
     ap.add_argument("--sweep-only", action="store_true", help="only the launch-shape sweep")
+    ap.add_argument("--sweep-kinds", default=",".join(SWEEP_KINDS),
+                    help=f"comma-separated subset of {','.join(SWEEP_KINDS)}")
     args = ap.parse_args()
+    kinds = tuple(k for k in args.sweep_kinds.split(",") if k)
+    bad = [k for k in kinds if k not in SWEEP_KINDS]
+    if bad:
+        ap.error(f"unknown --sweep-kinds {bad}; choose from {', '.join(SWEEP_KINDS)}")
+    args.sweep_kinds = kinds
     out = Path(os.environ.get("OUT", "./out"))
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
         print("bench_msa.py needs a GPU (CUDA or ROCm); nothing to do.", file=sys.stderr)
         return 2
     if args.sweep_only:
-        res = dict(sweep=sweep(Timer(torch.device("cuda"), args.reps), torch.device("cuda")),
+        res = dict(sweep=sweep(Timer(torch.device("cuda"), args.reps), torch.device("cuda"),
+                               kinds),
                    correctness_passed=True)
         (out / "bench_msa_sweep.json").write_text(json.dumps(res, indent=1))
         return 0
