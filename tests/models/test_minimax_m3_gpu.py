@@ -5,23 +5,20 @@
   decode batches, piecewise graphs split at the attention ops otherwise)
   change no output token against eager execution in fp32, for a batch of
   mixed lengths whose decode crosses sparse-block boundaries, with chunked
-  prefill forcing mixed prefill+decode steps. In bf16 a graph batch is padded
-  to its capture size, which changes GEMM tilings and attention splits and so
-  the last bits of some bf16 activations; on a random tiny model that can
-  flip a MoE routing choice or a close pair of tokens (seen on the H200: a
-  divergence at new token 2 where eager ranked the graphs' token second,
-  0.5 logprob behind; and, with every token equal, chosen-token logprobs
-  0.2 apart after 13 steps, while eager one-at-a-time vs eager batched
-  differed by at most 0.085 on its own common prefix). Maxima of such
-  rounding noise vary a lot from run to run, their means do not, so the
-  bf16 check calibrates itself on means: a third engine runs eager with one
-  sequence at a time (other batch shapes, same kernels), and the mean
-  |chosen-token logprob difference| of graphs vs eager may be at most
-  three times that of the batching change (never less than the fp32
-  tolerance); no single token may differ by a nat or more (broken graph
-  metadata gives garbage, several nats); tokens follow vLLM's
-  ``check_logprobs_close`` rule at top-2: equal up to the first divergence,
-  and there each run's token is among the other run's two best.
+  prefill forcing mixed prefill+decode steps.  In bf16 the reference is the
+  same torch.compile'd model with ``cudagraph_mode: NONE``: compiled and
+  eager bf16 differ by design (inductor's fused elementwise ops keep fp32
+  intermediates that eager rounds to bf16; on the H200 compiled+graphs vs
+  eager gave a mean chosen-token logprob difference of 0.045, six times the
+  0.007 of eager one-at-a-time vs eager batched, identical in two runs), so
+  only the graphs are under test.  Equal tokens and logprobs within the fp32
+  tolerance pass at once; otherwise (a graph batch is padded to its capture
+  size, which changes GEMM tilings) a third engine, compiled, one sequence
+  at a time, measures the batching noise: the mean |chosen-token logprob
+  difference| may be at most three times that noise's (never below the fp32
+  tolerance), no token may differ by a nat or more, and tokens follow vLLM's
+  ``check_logprobs_close`` rule at top-2 (equal up to the first divergence,
+  there each run's token among the other run's two best).
 * TP2 gives the tokens of TP1 on a checkpoint with 4 KV heads (2 per rank;
   the index heads follow their KV head), also with expert parallelism.
 Tiny random checkpoints built with transformers' classes, engines in
@@ -45,6 +42,7 @@ MAX_NEW = 40  # decode of every prompt crosses at least one 32-token block
 LP_TOL = 3e-2
 BF16_NOISE_FACTOR = 3.0  # on the mean |logprob difference| (see the docstring)
 BF16_MAX_TOL = 1.0  # nats, any single token in bf16
+NO_GRAPHS = {"cudagraph_mode": "NONE"}  # torch.compile without CUDA graphs
 
 
 def _prompts():
@@ -113,20 +111,28 @@ def ckpt(tmp_path_factory):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cudagraphs_match_eager(ckpt, tmp_path, dtype):
-    eager = _run(tmp_path / "eager", ckpt, False, dtype)
     graphs = _run(tmp_path / "graphs", ckpt, True, dtype)
     if dtype == "float32":
+        eager = _run(tmp_path / "eager", ckpt, False, dtype)
         _compare(graphs, eager, LP_TOL)
-    else:
-        alone = _run(tmp_path / "eager_alone", ckpt, False, dtype, max_num_seqs=1)
-        noise = mean_logprob_diff(alone, eager)
-        got = mean_logprob_diff(graphs, eager)
-        tol = max(LP_TOL, BF16_NOISE_FACTOR * noise)
-        print(f"bf16: mean |logprob diff| eager one at a time vs eager batched {noise:.4f} "
-              f"(max {max_logprob_diff(alone, eager):.4f}); graphs vs eager {got:.4f} "
-              f"(allowed {tol:.4f})")
-        _compare(graphs, eager, BF16_MAX_TOL, allow_top2_divergence=True)
-        assert got <= tol, f"bf16 graphs vs eager: mean logprob diff {got:.4f} > {tol:.4f}"
+        return
+    # bf16: the reference is the same torch.compile'd model without CUDA graphs
+    # (cudagraph_mode NONE), so only the graphs differ
+    ref = _run(tmp_path / "compiled", ckpt, True, dtype, compilation_config=NO_GRAPHS)
+    got = mean_logprob_diff(graphs, ref)
+    print(f"bf16: graphs vs compiled without graphs: mean |logprob diff| {got:.4f}, "
+          f"max {max_logprob_diff(graphs, ref):.4f}")
+    if all(x["tokens"] == y["tokens"] for x, y in zip(graphs, ref)) \
+            and max_logprob_diff(graphs, ref) < LP_TOL:
+        return
+    alone = _run(tmp_path / "compiled_alone", ckpt, True, dtype, max_num_seqs=1,
+                 compilation_config=NO_GRAPHS)
+    noise = mean_logprob_diff(alone, ref)
+    tol = max(LP_TOL, BF16_NOISE_FACTOR * noise)
+    print(f"bf16: compiled one at a time vs batched: mean |logprob diff| {noise:.4f} "
+          f"(max {max_logprob_diff(alone, ref):.4f}); graphs allowed a mean of {tol:.4f}")
+    _compare(graphs, ref, BF16_MAX_TOL, allow_top2_divergence=True)
+    assert got <= tol, f"bf16 graphs vs compiled: mean logprob diff {got:.4f} > {tol:.4f}"
     # Parity with transformers is test_minimax_m3.py's job (run with
     # M3_TEST_GRAPHS=1 too): over 40 fp32 greedy steps the GPU's tf32 Triton
     # dots (fused MoE, MSA) can flip a near-tie against the fp32 CPU oracle,
