@@ -17,6 +17,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from vllm.models.minimax_m3.common.triton_ops.index_topk_prefill import (  # noqa: E402
+    index_topk_prefill_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_fwd import (  # noqa: E402
     sparse_attn_fwd_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_tiled import (  # noqa: E402
@@ -58,6 +60,20 @@ def main():
             print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
                   flush=True)
             done += 1
+    # the prefill index at the engine's launch shape (128 rows per tile, 4 warps),
+    # bf16 and fp8 index keys
+    for k_scaled in (False, True):
+        ptrs = dict(q_ptr="*bf16", k_ptr="*fp8e4nv" if k_scaled else "*bf16", ks_ptr="*fp32",
+                    bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32", out_ids_ptr="*i32",
+                    cand_v_ptr="*fp32")
+        shape = dict(D=128, D_PAD=128, TOPK=16, TOPK_PAD=16, SPARSE_BLOCK=128, BLOCK_N=128,
+                     BLOCK_M=128, PAGE_SIZE=64, LOCAL=1, INIT=1, SPLITS=4,
+                     K_SCALED=k_scaled, IEEE=False)
+        cubin = compile_kernel(index_topk_prefill_kernel, ptrs, shape, 4)
+        assert len(cubin) > 0
+        print(f"compiled index_topk_prefill_kernel K_SCALED={k_scaled} ({len(cubin)} B cubin)",
+              flush=True)
+        done += 1
     print(f"ok {done} kernels")
     return 0
 
