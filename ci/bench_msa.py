@@ -701,7 +701,9 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
         for tune in (dict(BLOCK_N=64, num_warps=4), dict(BLOCK_N=128, num_warps=4),
                      dict(BLOCK_N=128, num_warps=8), dict(BLOCK_N=32, num_warps=4),
                      dict(BLOCK_N=64, num_warps=4, num_stages=3),
-                     dict(BLOCK_N=128, num_warps=8, num_stages=3)):
+                     dict(BLOCK_N=128, num_warps=8, num_stages=3),
+                     dict(BLOCK_N=128, num_warps=4, prefetch_rows=True),
+                     dict(BLOCK_N=64, num_warps=4, prefetch_rows=True)):
             try:
                 t = timer.time_fn(lambda: block_sparse_attention(
                     bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,

@@ -48,9 +48,11 @@ def main():
                      PAGE_SIZE=64, SCALE_MODE=mode, IEEE=False, FP16_MMA=mode != 0)
         variants = [
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1,
-                                          FUSED_MERGE=False, S_PAD=2), 4),
+                                          FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=False), 4),
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=4, NUM_SPLITS=4,
-                                          FUSED_MERGE=True, S_PAD=4), 4),
+                                          FUSED_MERGE=True, S_PAD=4, PREFETCH_ROWS=False), 4),
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1,
+                                          FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=True), 4),
             (sparse_attn_tiled_kernel, dict(TM=4, TOPK=16, TOPK_PAD=16), 4),
             (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
         ]

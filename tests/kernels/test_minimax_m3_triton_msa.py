@@ -485,6 +485,36 @@ def test_block_sparse_attention_token_tiles(case, selection):
                                   f"start {start}] {m}")
 
 
+@pytest.mark.parametrize("case", ["short", "mixed"])
+def test_block_sparse_attention_prefetch_rows(case):
+    """``_tune={"prefetch_rows": True}``: the per-token kernel that resolves
+    the next key tile's slot and pages one tile ahead equals the oracle, every
+    KV scale mode, with one and with several key tiles per sparse block and
+    with the selection split over programs."""
+    seed = _seed()
+    dtype = DTYPES[-1]
+    Hq, Hkv, D, _, B, page, topk = SHAPES[1]  # sparse block 32 on CPU: two 16-key tiles
+    batch = Batch(ATTN_CASES[case](B), page)
+    sel = random_selection(batch, Hkv, topk, B)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    scale = D ** -0.5
+    for mode, fold in ((0, True), (1, True), (1, False), (2, True)):
+        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
+        ref = ref_attention(batch, q, deq, sel, B, scale)
+        atol, rtol = tol(dtype)
+        atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
+        for block_n, splits in ((B, 1), (B // 2, 1), (B // 2, 2)):
+            out = torch.full_like(q, float("nan"))
+            got = block_sparse_attention(
+                q, kv, batch.block_table, batch.token_req, batch.token_pos, sel, B, scale,
+                mode, ks, vs, kvs, fold_scalar_scales=fold, out=out, num_splits=splits,
+                _tune=dict(prefetch_rows=True, BLOCK_N=block_n))
+            torch.testing.assert_close(
+                got.double(), ref, atol=atol, rtol=rtol,
+                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} BLOCK_N {block_n} "
+                              f"splits {splits}] {m}")
+
+
 def test_block_sparse_attention_token_tile_must_be_pow2():
     batch = Batch([(0, 3)], SHAPES[0][5])
     Hq, Hkv, D, _, B, page, topk = SHAPES[0]

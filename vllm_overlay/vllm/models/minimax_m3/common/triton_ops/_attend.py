@@ -41,6 +41,21 @@ def load_key_tile(k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, kv_
     and with SCALE_MODE 2 their per-key scales [N] (else ``k_elem_scale``,
     unused)."""
     row = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_cp, stride_cs)
+    if SCALE_MODE == 2:
+        srow = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_sp, stride_ss)
+    else:
+        srow = row
+    return load_key_rows(k_base, v_base, kvs_ptr, row, srow, kload, offs_d, dmask, kv_head,
+                         k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
+
+
+@triton.jit
+def load_key_rows(k_base, v_base, kvs_ptr, row, srow, kload, offs_d, dmask, kv_head,
+                  k_elem_scale, v_elem_scale, stride_skv, stride_sh,
+                  SCALE_MODE: tl.constexpr):
+    """``load_key_tile`` from cache row offsets already resolved through the
+    block table: ``row`` [N] into the KV cache, ``srow`` [N] into the scale
+    cache (SCALE_MODE 2 only)."""
     ld_mask = kload[:, None] & dmask[None, :]
     k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
     v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
@@ -48,13 +63,36 @@ def load_key_tile(k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, kv_
         k = k.to(tl.float32) * k_elem_scale
         v = v.to(tl.float32) * v_elem_scale
     if SCALE_MODE == 2:
-        srow = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_sp, stride_ss)
         ksc = tl.load(kvs_ptr + srow + kv_head * stride_sh, mask=kload, other=0.0)
         vsc = tl.load(kvs_ptr + stride_skv + srow + kv_head * stride_sh, mask=kload, other=0.0)
     else:
         ksc = k_elem_scale
         vsc = k_elem_scale
     return k, v, ksc, vsc
+
+
+@triton.jit
+def key_tile_rows(topk_row, bt_row, it, it_hi, pos, offs_n,
+                  stride_cp, stride_cs, stride_sp, stride_ss,
+                  SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                  PAGE_SIZE: tl.constexpr, SCALE_MODE: tl.constexpr):
+    """Cache row offsets of key tile ``it`` of a program's walk (tile ``it``
+    is keys ``(it % NT) * BLOCK_N ...`` of the block in selection slot
+    ``it // NT``, NT = SPARSE_BLOCK // BLOCK_N): (row [N], srow [N], visible
+    [N]); nothing is visible when ``it >= it_hi`` or the slot holds -1.
+    Issued one tile ahead, the selection and block-table loads of the next
+    tile overlap this tile's math (``PREFETCH_ROWS``)."""
+    NT: tl.constexpr = SPARSE_BLOCK // BLOCK_N
+    live = it < it_hi
+    b = tl.load(topk_row + it // NT, mask=live, other=-1)
+    kp = b * SPARSE_BLOCK + (it % NT) * BLOCK_N + offs_n
+    kvalid = (kp <= pos) & (b >= 0)
+    row = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_cp, stride_cs)
+    if SCALE_MODE == 2:
+        srow = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_sp, stride_ss)
+    else:
+        srow = row
+    return row, srow, kvalid
 
 
 @triton.jit

@@ -116,7 +116,9 @@ def block_sparse_attention(
         decode tokens, which share few blocks with their neighbours) run one
         per program as without it; the tiles start here.
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
-        num_stages).
+        num_stages; ``prefetch_rows``: the per-token kernel resolves the next
+        key tile's selection slot and pages one tile ahead, off by default
+        until the H200 says it pays).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -226,6 +228,7 @@ def block_sparse_attention(
         SCALE_MODE=kernel_mode, IEEE=ieee,
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
+        PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)),
         num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2),
     )
     if splits > 1 and not fused:

@@ -40,7 +40,8 @@ fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 [0, 1] keeps more mantissa in fp16 than in bf16.
 """
 
-from ._attend import attend_key_tile, load_key_tile, scales_and_operand
+from ._attend import (attend_key_tile, key_tile_rows, load_key_rows, load_key_tile,
+                      scales_and_operand)
 from ._triton import tl, triton
 
 
@@ -63,6 +64,7 @@ def sparse_attn_fwd_kernel(
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 2,
+    PREFETCH_ROWS: tl.constexpr = False,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
@@ -93,17 +95,36 @@ def sparse_attn_fwd_kernel(
 
     slot_lo = split * SLOTS
     slot_hi = tl.minimum(slot_lo + SLOTS, TOPK)
-    for i in range(slot_lo, slot_hi):
-        b = tl.load(topk_row + i)
-        for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-            kp = b * SPARSE_BLOCK + n0 + offs_n
-            kvalid = (kp <= pos) & (b >= 0)
-            k, v, ksc, vsc = load_key_tile(
-                k_base, v_base, kvs_ptr, bt_row, kp, kvalid, offs_d, dmask, g,
-                k_elem_scale, v_elem_scale, stride_cp, stride_cs,
-                stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
+    if PREFETCH_ROWS:
+        # one loop over key tiles; the next tile's selection and block-table
+        # loads are issued before this tile's K/V loads and math
+        it_lo = slot_lo * (SPARSE_BLOCK // BLOCK_N)
+        it_hi = slot_hi * (SPARSE_BLOCK // BLOCK_N)
+        row, srow, kvalid = key_tile_rows(
+            topk_row, bt_row, it_lo, it_hi, pos, offs_n, stride_cp, stride_cs,
+            stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE)
+        for it in range(it_lo, it_hi):
+            row_n, srow_n, kvalid_n = key_tile_rows(
+                topk_row, bt_row, it + 1, it_hi, pos, offs_n, stride_cp, stride_cs,
+                stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE)
+            k, v, ksc, vsc = load_key_rows(
+                k_base, v_base, kvs_ptr, row, srow, kvalid, offs_d, dmask, g,
+                k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
             m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc, qk_scale,
                                             ksc, vsc, SCALE_MODE, IEEE)
+            row, srow, kvalid = row_n, srow_n, kvalid_n
+    else:
+        for i in range(slot_lo, slot_hi):
+            b = tl.load(topk_row + i)
+            for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+                kp = b * SPARSE_BLOCK + n0 + offs_n
+                kvalid = (kp <= pos) & (b >= 0)
+                k, v, ksc, vsc = load_key_tile(
+                    k_base, v_base, kvs_ptr, bt_row, kp, kvalid, offs_d, dmask, g,
+                    k_elem_scale, v_elem_scale, stride_cp, stride_cs,
+                    stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
+                m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc,
+                                                qk_scale, ksc, vsc, SCALE_MODE, IEEE)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
