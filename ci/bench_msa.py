@@ -682,7 +682,9 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
         for tune in (dict(BLOCK_M=64, num_warps=4), dict(BLOCK_M=64, num_warps=8),
                      dict(BLOCK_M=128, num_warps=4), dict(BLOCK_M=128, num_warps=8),
                      dict(BLOCK_M=128, num_warps=8, num_stages=2),
-                     dict(BLOCK_M=64, num_warps=4, num_stages=2)):
+                     dict(BLOCK_M=64, num_warps=4, num_stages=2),
+                     dict(BLOCK_M=128, num_warps=4, prefetch_rows=True),
+                     dict(BLOCK_M=64, num_warps=4, prefetch_rows=True)):
             try:
                 t = timer.time_fn(lambda: index_block_topk(
                     bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,

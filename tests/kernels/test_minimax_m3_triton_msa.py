@@ -300,6 +300,8 @@ def test_index_block_topk(case, shape, dtype):
                 dict(num_decode_tokens=n_dec, fused_select=True)]
     if ON_GPU or batch.T <= 12:
         variants.append(dict(num_decode_tokens=batch.T))
+    if ON_GPU:  # the prefill index resolving the next block's pages one block ahead
+        variants.append(dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=True)))
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
         # tuning knobs: several blocks per decode program, prefill split over
         # the context with a merge, top-k selection streaming several chunks
@@ -309,7 +311,10 @@ def test_index_block_topk(case, shape, dtype):
                      dict(num_decode_tokens=n_dec, blocks_per_prog=2, select_chunk=4,
                           fused_select=True),
                      dict(num_decode_tokens=n_dec, blocks_per_prog=3,
-                          _tune=dict(decode_stages=2))]
+                          _tune=dict(decode_stages=2)),
+                     dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=True)),
+                     dict(num_decode_tokens=n_dec, context_splits=3,
+                          _tune=dict(prefetch_rows=True))]
     for kw in variants:
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
@@ -333,7 +338,8 @@ def test_index_block_topk_local_init(local, init):
     scores = ref_block_scores(batch, idx_q, idx_k, B, local=local, init=init)
     for kw in (dict(num_decode_tokens=batch.T), dict(num_decode_tokens=0),
                dict(num_decode_tokens=2, context_splits=2, select_chunk=2),
-               dict(num_decode_tokens=2, fused_select=True)):
+               dict(num_decode_tokens=2, fused_select=True),
+               dict(num_decode_tokens=2, _tune=dict(prefetch_rows=True))):
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, local, init, out=out, **kw)
@@ -350,12 +356,12 @@ def test_index_block_topk_fp8_index_cache():
     idx_q = torch.randn(batch.T, 1, Didx, device=DEVICE).to(dtype)
     idx_k, idx_s = make_idx_cache(batch, Didx, dtype, fp8=True)
     scores = ref_block_scores(batch, idx_q, idx_k, B, 1, 0, idx_scales=idx_s)
-    for nd in (batch.T, 0, 2):
+    for nd, tune in ((batch.T, None), (0, None), (2, None), (2, dict(prefetch_rows=True))):
         out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
-                               num_decode_tokens=nd)
-        check_topk(got, scores, topk, tag=f"[seed {seed} fp8 idx nd={nd}]")
+                               num_decode_tokens=nd, _tune=tune)
+        check_topk(got, scores, topk, tag=f"[seed {seed} fp8 idx nd={nd} {tune}]")
     # the PyTorch reference backend's op takes the same fp8 cache and scales
     from vllm.models.minimax_m3.common import sparse_ops
     ref = sparse_ops.index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,

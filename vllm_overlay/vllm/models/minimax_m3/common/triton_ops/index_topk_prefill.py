@@ -10,6 +10,11 @@ it into a per-row running top-k set kept in registers (replace-the-minimum),
 so the ``[T, num_blocks]`` score matrix is never materialised.  Forced blocks
 (own block, ``LOCAL - 1`` preceding ones, the first ``INIT``) score +inf.
 
+With ``PREFETCH_ROWS`` (one key tile per sparse block) the block-table
+lookups of the next block are issued before this block's keys are scored, so
+their latency overlaps the math (Triton's pipeliner leaves such data-dependent
+loads synchronous).
+
 Rows of a tile may belong to different requests (the tile loops over the
 requests present in it, ``min(token_req)..max(token_req)``); this is exact for
 any order of ``token_req`` and efficient when a request's tokens are adjacent.
@@ -27,6 +32,40 @@ from ._triton import tl, triton
 
 
 @triton.jit
+def key_tile_row_max(q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a, offs_d, dmask,
+                     K_SCALED: tl.constexpr, IEEE: tl.constexpr):
+    """Per query row, the max over one key tile (cache rows ``row`` [N], key
+    positions ``kp`` [N], loaded where ``kmask``) of fp32 ``dot(q, k)``
+    (x the key's scale with K_SCALED, scales at ``srow``), counting only keys
+    at or before the row's position ``pos_a`` [M]; [M] float32."""
+    k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
+                mask=kmask[:, None] & dmask[None, :], other=0.0)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    if K_SCALED:
+        ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
+        s = s * ksc[None, :]
+    s = tl.where(kp[None, :] <= pos_a[:, None], s, float("-inf"))
+    return tl.max(s, axis=1)
+
+
+@triton.jit
+def insert_block(run_v, run_i, bmax, b, own_a, offs_k, LOCAL: tl.constexpr, INIT: tl.constexpr):
+    """Insert block ``b`` with score ``bmax`` [M] (+inf when forced: the row's
+    own block, the LOCAL - 1 before it, the first INIT) into each row's running
+    top-k set (replace the minimum); rows of other requests have bmax == -inf
+    and are left untouched."""
+    forced = (b <= own_a) & ((b > own_a - LOCAL) | (b < INIT))
+    new_v = tl.where(forced, float("inf"), bmax)
+    cur_min, slot = tl.min(run_v, axis=1, return_indices=True,
+                           return_indices_tie_break_left=True)
+    sel = (offs_k[None, :] == slot[:, None]) & (new_v > cur_min)[:, None]
+    return tl.where(sel, new_v[:, None], run_v), tl.where(sel, b, run_i)
+
+
+@triton.jit
 def index_topk_prefill_kernel(
     q_ptr, k_ptr, ks_ptr, bt_ptr, req_ptr, pos_ptr,
     out_ids_ptr, cand_v_ptr,
@@ -41,6 +80,7 @@ def index_topk_prefill_kernel(
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     PAGE_SIZE: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
     SPLITS: tl.constexpr, K_SCALED: tl.constexpr, IEEE: tl.constexpr,
+    PREFETCH_ROWS: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -74,33 +114,42 @@ def index_topk_prefill_kernel(
         max_pos = tl.max(pos_a, axis=0)
         b_hi = tl.minimum(tl.max(own_a, axis=0) + 1, b_lo + blocks_per_split)
         bt_row = bt_ptr + r * stride_bt
-        for b in range(b_lo, b_hi):
-            bmax = tl.full([BLOCK_M], float("-inf"), tl.float32)
-            for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-                kp = b * SPARSE_BLOCK + n0 + offs_n
-                kmask = kp <= max_pos
-                row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
-                k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
-                            mask=kmask[:, None] & dmask[None, :], other=0.0)
-                if IEEE:
-                    s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-                else:
-                    s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        if PREFETCH_ROWS:
+            # one key tile per sparse block (BLOCK_N == SPARSE_BLOCK, checked by
+            # the wrapper); the next block's pages are resolved one block ahead
+            kp = b_lo * SPARSE_BLOCK + offs_n
+            kmask = (kp <= max_pos) & (b_lo < b_hi)
+            row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
+            srow = row
+            if K_SCALED:
+                srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+            for b in range(b_lo, b_hi):
+                kp_n = kp + SPARSE_BLOCK
+                kmask_n = (kp_n <= max_pos) & (b + 1 < b_hi)
+                row_n = paged_row_offsets(bt_row, kp_n, kmask_n, PAGE_SIZE, stride_kp, stride_ks)
+                srow_n = row_n
                 if K_SCALED:
-                    srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
-                    ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
-                    s = s * ksc[None, :]
-                s = tl.where(kp[None, :] <= pos_a[:, None], s, float("-inf"))
-                bmax = tl.maximum(bmax, tl.max(s, axis=1))
-            forced = (b <= own_a) & ((b > own_a - LOCAL) | (b < INIT))
-            new_v = tl.where(forced, float("inf"), bmax)
-            # insert (new_v, b) into each row's running set (rows of other
-            # requests have new_v == -inf and are left untouched)
-            cur_min, slot = tl.min(run_v, axis=1, return_indices=True,
-                                   return_indices_tie_break_left=True)
-            sel = (offs_k[None, :] == slot[:, None]) & (new_v > cur_min)[:, None]
-            run_v = tl.where(sel, new_v[:, None], run_v)
-            run_i = tl.where(sel, b, run_i)
+                    srow_n = paged_row_offsets(bt_row, kp_n, kmask_n, PAGE_SIZE,
+                                               stride_sp, stride_ss)
+                bmax = key_tile_row_max(q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a,
+                                        offs_d, dmask, K_SCALED, IEEE)
+                run_v, run_i = insert_block(run_v, run_i, bmax, b, own_a, offs_k, LOCAL, INIT)
+                kp, kmask, row, srow = kp_n, kmask_n, row_n, srow_n
+        else:
+            for b in range(b_lo, b_hi):
+                bmax = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+                    kp = b * SPARSE_BLOCK + n0 + offs_n
+                    kmask = kp <= max_pos
+                    row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
+                    srow = row
+                    if K_SCALED:
+                        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE,
+                                                 stride_sp, stride_ss)
+                    bmax = tl.maximum(bmax, key_tile_row_max(
+                        q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a, offs_d, dmask,
+                        K_SCALED, IEEE))
+                run_v, run_i = insert_block(run_v, run_i, bmax, b, own_a, offs_k, LOCAL, INIT)
 
     omask = rmask[:, None] & (offs_k[None, :] < TOPK)
     if SPLITS == 1:

@@ -121,7 +121,8 @@ def index_block_topk(
       fused_select: decode path in one launch (the last scoring program of a
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
-        num_warps, num_stages; decode decode_stages, decode_warps).
+        num_warps, num_stages, prefetch_rows; decode decode_stages,
+        decode_warps).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -208,6 +209,10 @@ def index_block_topk(
         # 128k context (255 vs 298 us, 937 vs 1126 us); 8 warps are slower
         BLOCK_M = tune.get("BLOCK_M", 128 if D_PAD <= 128 else 32)
         tiles = cdiv(npf, BLOCK_M)
+        prefetch_rows = bool(tune.get("prefetch_rows", False))
+        if prefetch_rows and BLOCK_N != sparse_block:
+            raise ValueError(f"prefetch_rows needs one key tile per sparse block "
+                             f"(sparse_block {sparse_block} > {BLOCK_N})")
         if context_splits is None:
             splits = 1
             while (splits < 64 and tiles * H * splits * 2 <= 2 * sms
@@ -222,8 +227,7 @@ def index_block_topk(
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
             PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
-            # H200 sweep (8192-token chunk, 32k context): 64 rows / 4 warps /
-            # 2 stages 295 us; 8 warps 546 us; 128 rows no better
+            PREFETCH_ROWS=prefetch_rows,
             num_warps=tune.get("num_warps", 4),
             num_stages=tune.get("num_stages", 2),
         )
