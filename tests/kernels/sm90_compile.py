@@ -17,6 +17,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from vllm.models.minimax_m3.common.triton_ops.index_score_decode import (  # noqa: E402
+    index_block_max_decode_kernel)
 from vllm.models.minimax_m3.common.triton_ops.index_topk_prefill import (  # noqa: E402
     index_topk_prefill_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_fwd import (  # noqa: E402
@@ -75,6 +77,19 @@ def main():
         assert len(cubin) > 0
         print(f"compiled index_topk_prefill_kernel K_SCALED={k_scaled} PREFETCH_ROWS={prefetch} "
               f"({len(cubin)} B cubin)", flush=True)
+        done += 1
+    # the decode index scoring, bf16 and fp8 index keys (fp16 dot with fp8)
+    for k_dtype in ("*bf16", "*fp8e4nv"):
+        ptrs = dict(q_ptr="*bf16", k_ptr=k_dtype, ks_ptr="*fp32", bt_ptr="*i32", req_ptr="*i32",
+                    pos_ptr="*i32", out_ptr="*fp32", sel_ptr="*i32", cnt_ptr="*i32")
+        shape = dict(H=1, H_PAD=16, D=128, D_PAD=128, SPARSE_BLOCK=128, BLOCK_N=128,
+                     BLOCKS_PER_PROG=1, PAGE_SIZE=64, LOCAL=1, INIT=1,
+                     K_SCALED=k_dtype != "*bf16", IEEE=False, FUSED_SELECT=False, TOPK=16,
+                     TOPK_PAD=16, CHUNK=16, SINGLE_CHUNK=True, DEC_STAGES=0)
+        cubin = compile_kernel(index_block_max_decode_kernel, ptrs, shape, 4)
+        assert len(cubin) > 0
+        print(f"compiled index_block_max_decode_kernel keys {k_dtype} ({len(cubin)} B cubin)",
+              flush=True)
         done += 1
     print(f"ok {done} kernels")
     return 0

@@ -346,10 +346,11 @@ def test_index_block_topk_local_init(local, init):
         check_topk(got, scores, topk, tag=f"[seed {seed} local {local} init {init} {kw}]")
 
 
-def test_index_block_topk_fp8_index_cache():
-    """Optional fp8 index-key cache (one float32 scale per token)."""
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_index_block_topk_fp8_index_cache(dtype):
+    """Optional fp8 index-key cache (one float32 scale per token); with 16-bit
+    queries the kernels' dot runs in fp16 (``fp16_dot_operand``)."""
     seed = _seed()
-    dtype = DTYPES[0]
     _, _, _, Didx, B, page, topk = SHAPES[0]
     reqs = [(6 * B + 3, 1), (2 * B + 1, 1), (B + 3, 12)]
     batch = Batch(reqs, page)

@@ -11,7 +11,9 @@ programs past the token's own block do no work.
 Layouts (element strides, last dim contiguous):
   idx_q        [T, H, D]             model dtype (fp32/fp16/bf16)
   idx_k_cache  [num_pages, page_size, D]  model dtype, or fp8 e4m3 with
-  idx_k_scales [num_pages, page_size] float32 (K_SCALED=True; score *= scale)
+  idx_k_scales [num_pages, page_size] float32 (K_SCALED=True; score *= scale;
+               the dot runs in fp16: e4m3 -> fp16 is one conversion per two
+               keys' elements, e4m3 -> bf16 three)
   block_table  [R, max_pages] int32, token_req / token_pos [T] int32
   scores (out) [T, H, max_blocks] float32; entry b is written for b <= own
                block only: max over keys j in block b with j <= pos of
@@ -28,7 +30,7 @@ DEC_STAGES > 0 software-pipelines the walk over a program's blocks (tl.range
 num_stages; a tuning knob for BLOCKS_PER_PROG > 1), 0 is a plain loop.
 """
 
-from ._paged import paged_row_offsets
+from ._paged import fp16_dot_operand, paged_row_offsets
 from ._triton import tl, triton
 from .index_topk_select import select_topk_row
 
@@ -98,6 +100,8 @@ def index_block_max_decode_kernel(
     dmask = offs_d < D
     q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
+    if K_SCALED and not IEEE:
+        q = fp16_dot_operand(q)
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     out_row = out_ptr + t.to(tl.int64) * stride_ot + offs_h * stride_oh
 

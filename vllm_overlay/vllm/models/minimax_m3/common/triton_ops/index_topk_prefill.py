@@ -21,13 +21,14 @@ any order of ``token_req`` and efficient when a request's tokens are adjacent.
 
 Layouts (element strides, last dim contiguous):
   idx_q        [T, H, D];   idx_k_cache [num_pages, page_size, D]
-  idx_k_scales [num_pages, page_size] float32 (K_SCALED, fp8 index keys)
+  idx_k_scales [num_pages, page_size] float32 (K_SCALED, fp8 index keys; the
+               dot then runs in fp16, see index_score_decode)
   SPLITS == 1: out_ids [T, H, TOPK] int32, left-packed, -1 padded
   SPLITS  > 1: cand_v / cand_i [T, H, SPLITS * TOPK] (float32 / int32)
                candidates per split, merged by ``block_topk_select_kernel``.
 """
 
-from ._paged import paged_row_offsets
+from ._paged import fp16_dot_operand, paged_row_offsets
 from ._triton import tl, triton
 
 
@@ -100,6 +101,8 @@ def index_topk_prefill_kernel(
                 mask=rmask[:, None] & dmask[None, :], other=0.0)
     if IEEE:
         q = q.to(tl.float32)
+    elif K_SCALED:
+        q = fp16_dot_operand(q)
 
     run_v = tl.where(offs_k[None, :] < TOPK, float("-inf"), float("inf")) + tl.zeros([BLOCK_M, TOPK_PAD], tl.float32)
     run_i = tl.full([BLOCK_M, TOPK_PAD], -1, tl.int32)
