@@ -28,7 +28,8 @@ without a context split, i.e. slower at long context).
 import torch
 
 from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
-                     check_triton, largest_pow2_divisor, next_pow2, num_sms)
+                     check_triton, fp8_ptx_conversion, largest_pow2_divisor, next_pow2,
+                     num_sms)
 from .index_score_decode import index_block_max_decode_kernel
 from .index_topk_prefill import index_topk_prefill_kernel
 from .index_topk_select import block_topk_select_kernel
@@ -122,7 +123,8 @@ def index_block_topk(
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
         num_warps, num_stages, prefetch_rows; decode decode_stages,
-        decode_warps).
+        decode_warps; both ``fp8_ptx``: fp8 index keys converted to fp16 by
+        inline PTX in their load layout, NVIDIA sm_89+ only).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -154,6 +156,8 @@ def index_block_topk(
         raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
     TOPK_PAD = next_pow2(topk)
     sms = num_sms(device)
+    fp8_ptx = k_scaled and not ieee and fp8_ptx_conversion(
+        device, bool((_tune or {}).get("fp8_ptx", False)))
 
     if nd > 0:
         if blocks_per_prog is None:
@@ -186,7 +190,7 @@ def index_block_topk(
             K_SCALED=k_scaled, IEEE=ieee,
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
-            DEC_STAGES=(_tune or {}).get("decode_stages", 0),
+            DEC_STAGES=(_tune or {}).get("decode_stages", 0), FP8_PTX=fp8_ptx,
             num_warps=(_tune or {}).get("decode_warps", 4),
         )
         if not fused_select:
@@ -227,7 +231,7 @@ def index_block_topk(
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
             PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
-            PREFETCH_ROWS=prefetch_rows,
+            PREFETCH_ROWS=prefetch_rows, FP8_PTX=fp8_ptx,
             num_warps=tune.get("num_warps", 4),
             num_stages=tune.get("num_stages", 2),
         )
