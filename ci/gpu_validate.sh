@@ -8,7 +8,8 @@
 #   bash ci/gpu_validate.sh suites  # graphs vs eager bf16, then the fused shared expert
 #                                   # and bf16 parity with graphs on (GPU 0) beside the
 #                                   # token-tile and kernel suites, then the kernel
-#                                   # benchmark (GPU 1); SUITES_GPU0/1 override, BENCH_ARGS
+#                                   # benchmark (GPU 1); SUITES_GPU0/1 override, LANE0_SUITE_S
+#                                   # / LANE1_SUITE_S are seconds per suite, BENCH_ARGS
 #                                   # (default --sweep) are bench_msa.py's arguments
 #   bash ci/gpu_validate.sh e2e     # seed 002's A/B (`--sections bench_ab`, GPU 0)
 #                                   # beside the throughput table without FP8 KV (GPU 1)
@@ -47,7 +48,7 @@ case "$phase" in
            # graphs; GPU 1: graphs == eager with token-tiled prefill attention and the
            # kernel tests at real shapes, then the kernel benchmark (+ sweep) with the time left (rows are printed
            # as they are measured, so a cut run still leaves what it measured)
-    half=$(( $(left) / 2 - 5 ))
+    half=${LANE0_SUITE_S:-$(( $(left) / 2 - 5 ))}
     ( OUT="$work/gpu0" CUDA_VISIBLE_DEVICES=0 SUITE_TIMEOUT=$half \
         RUN_SUITES="${SUITES_GPU0:-graphs_bf16 fused_graphs}" bash ci/gpu_series_tests.sh \
         > "$work/gpu0.out" 2>&1 ) &
