@@ -637,16 +637,16 @@ def distinct_per_tile(sel, tm):
     return float((new.sum(1) + (s[:, 0] >= 0)).float().mean())
 
 
-SWEEP_KINDS = ("decode", "prefill_index", "prefill_attn", "fp8_ptx")
+SWEEP_KINDS = ("decode", "prefill_index", "prefill_attn")
 
 
 def sweep(timer, dev, kinds=SWEEP_KINDS):
     """Tuning sweep of the launch-shape knobs (not part of the table); ``kinds``
     picks the sweeps and their order (decode index + attention, prefill index,
-    prefill attention, fp8 conversion by inline PTX)."""
+    prefill attention)."""
     index_block_topk, block_sparse_attention, _ = load_kernels()
     runners = dict(decode=sweep_decode, prefill_index=sweep_prefill_index,
-                   prefill_attn=sweep_prefill_attn, fp8_ptx=sweep_fp8_ptx)
+                   prefill_attn=sweep_prefill_attn)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -737,61 +737,6 @@ def sweep_prefill_attn(timer, dev, index_block_topk, block_sparse_attention):
                 t = repr(e)[:200]
             out.append(dict(kind="prefill_attn", kv_mode=kv_mode, context=32768, tune=tune, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
-        del bt
-    return out
-
-
-# (batch, context, new tokens per request): decode steps and an 8192-token prefill chunk
-FP8_PTX_ATTN_CASES = ((1, 8192, 1), (32, 32768, 1), (32, 131072, 1), (1, 32768, 8192))
-FP8_PTX_INDEX_CASES = ((32, 131072, 1), (32, 32768, 1), (1, 32768, 8192), (1, 131072, 8192))
-
-
-def sweep_fp8_ptx(timer, dev, index_block_topk, block_sparse_attention):
-    """fp8 -> fp16 by inline PTX in the load layout (``_tune fp8_ptx``) against
-    the plain cast, same inputs: FP8 KV attention (scalar and per-token-head
-    scales) in decode and in an 8192-token prefill chunk, and the fp8
-    index-key cache's decode and prefill scoring."""
-    out = []
-
-    def rec(entry, fn):
-        try:  # same inputs, both conversions: the results must agree
-            plain = fn(dict(fp8_ptx=False)).clone()
-            ptx_out = fn(dict(fp8_ptx=True))
-            if plain.dtype == torch.int32:
-                entry = dict(entry, ids_equal=bool(torch.equal(plain, ptx_out)))
-            else:
-                entry = dict(entry, max_diff=float((plain.float() - ptx_out.float()).abs().max()))
-        except Exception as e:  # noqa: BLE001
-            entry = dict(entry, check=repr(e)[:200])
-        for ptx in (False, True):
-            try:
-                t = timer.time_fn(lambda: fn(dict(fp8_ptx=ptx)))
-            except Exception as e:  # noqa: BLE001
-                t = repr(e)[:200]
-            out.append(dict(entry, fp8_ptx=ptx, us=t))
-            print(f"[sweep] {out[-1]}", flush=True)
-
-    for kv_mode in (1, 2):
-        for batch, ctx, new in FP8_PTX_ATTN_CASES:
-            bt = Batch([ctx] * batch, new, kv_mode, dev)
-            sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
-            o = torch.empty_like(bt.q)
-            index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
-                             TOPK, out=sel, num_decode_tokens=bt.T if new == 1 else 0)
-            rec(dict(kind="fp8_attn", kv_mode=kv_mode, batch=batch, context=ctx, new=new),
-                lambda tune: block_sparse_attention(
-                    bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
-                    kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
-                    fused_merge=new == 1, _tune=tune))
-            del bt
-    for batch, ctx, new in FP8_PTX_INDEX_CASES:
-        bt = Batch([ctx] * batch, new, 0, dev, idx_fp8=True)
-        sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
-        rec(dict(kind="fp8_index", batch=batch, context=ctx, new=new),
-            lambda tune: index_block_topk(
-                bt.idx_q, bt.idx_k8, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
-                idx_k_scales=bt.idx_s, out=sel, num_decode_tokens=bt.T if new == 1 else 0,
-                fused_select=new == 1, _tune=tune))
         del bt
     return out
 

@@ -61,14 +61,6 @@ def main():
             (sparse_attn_tiled_kernel, dict(TM=4, TOPK=16, TOPK_PAD=16), 4),
             (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
         ]
-        if mode in (1, 2):  # fp8 K/V converted to fp16 by inline PTX at the load
-            variants += [
-                (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1, FUSED_MERGE=False,
-                                              S_PAD=2, PREFETCH_ROWS=False, FP8_PTX=True), 4),
-                (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=4, NUM_SPLITS=4, FUSED_MERGE=True,
-                                              S_PAD=4, PREFETCH_ROWS=False, FP8_PTX=True), 4),
-                (sparse_attn_tiled_kernel, dict(TM=4, TOPK=16, TOPK_PAD=16, FP8_PTX=True), 4),
-            ]
         for kernel, extra, warps in variants:
             cubin = compile_kernel(kernel, ptrs, dict(shape, **extra), warps)
             assert len(cubin) > 0
@@ -77,32 +69,30 @@ def main():
             done += 1
     # the prefill index at the engine's launch shape (128 rows per tile, 4 warps),
     # bf16 and fp8 index keys, with and without the pages resolved one block ahead
-    for k_scaled, prefetch, ptx in ((False, False, False), (True, False, False),
-                                    (False, True, False), (True, True, False),
-                                    (True, False, True)):
+    for k_scaled, prefetch in ((False, False), (True, False), (False, True), (True, True)):
         ptrs = dict(q_ptr="*bf16", k_ptr="*fp8e4nv" if k_scaled else "*bf16", ks_ptr="*fp32",
                     bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32", out_ids_ptr="*i32",
                     cand_v_ptr="*fp32")
         shape = dict(D=128, D_PAD=128, TOPK=16, TOPK_PAD=16, SPARSE_BLOCK=128, BLOCK_N=128,
                      BLOCK_M=128, PAGE_SIZE=64, LOCAL=1, INIT=1, SPLITS=4,
-                     K_SCALED=k_scaled, IEEE=False, PREFETCH_ROWS=prefetch, FP8_PTX=ptx)
+                     K_SCALED=k_scaled, IEEE=False, PREFETCH_ROWS=prefetch)
         cubin = compile_kernel(index_topk_prefill_kernel, ptrs, shape, 4)
         assert len(cubin) > 0
         print(f"compiled index_topk_prefill_kernel K_SCALED={k_scaled} PREFETCH_ROWS={prefetch} "
-              f"FP8_PTX={ptx} ({len(cubin)} B cubin)", flush=True)
+              f"({len(cubin)} B cubin)", flush=True)
         done += 1
     # the decode index scoring, bf16 and fp8 index keys (fp16 dot with fp8)
-    for k_dtype, ptx in (("*bf16", False), ("*fp8e4nv", False), ("*fp8e4nv", True)):
+    for k_dtype in ("*bf16", "*fp8e4nv"):
         ptrs = dict(q_ptr="*bf16", k_ptr=k_dtype, ks_ptr="*fp32", bt_ptr="*i32", req_ptr="*i32",
                     pos_ptr="*i32", out_ptr="*fp32", sel_ptr="*i32", cnt_ptr="*i32")
         shape = dict(H=1, H_PAD=16, D=128, D_PAD=128, SPARSE_BLOCK=128, BLOCK_N=128,
                      BLOCKS_PER_PROG=1, PAGE_SIZE=64, LOCAL=1, INIT=1,
                      K_SCALED=k_dtype != "*bf16", IEEE=False, FUSED_SELECT=False, TOPK=16,
-                     TOPK_PAD=16, CHUNK=16, SINGLE_CHUNK=True, DEC_STAGES=0, FP8_PTX=ptx)
+                     TOPK_PAD=16, CHUNK=16, SINGLE_CHUNK=True, DEC_STAGES=0)
         cubin = compile_kernel(index_block_max_decode_kernel, ptrs, shape, 4)
         assert len(cubin) > 0
-        print(f"compiled index_block_max_decode_kernel keys {k_dtype} FP8_PTX={ptx} "
-              f"({len(cubin)} B cubin)", flush=True)
+        print(f"compiled index_block_max_decode_kernel keys {k_dtype} ({len(cubin)} B cubin)",
+              flush=True)
         done += 1
     print(f"ok {done} kernels")
     return 0

@@ -300,8 +300,8 @@ def test_index_block_topk(case, shape, dtype):
                 dict(num_decode_tokens=n_dec, fused_select=True)]
     if ON_GPU or batch.T <= 12:
         variants.append(dict(num_decode_tokens=batch.T))
-    if ON_GPU:  # the prefill index resolving the next block's pages one block ahead
-        variants.append(dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=True)))
+    if ON_GPU:  # the prefill index without resolving pages one block ahead
+        variants.append(dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=False)))
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
         # tuning knobs: several blocks per decode program, prefill split over
         # the context with a merge, top-k selection streaming several chunks
@@ -312,9 +312,9 @@ def test_index_block_topk(case, shape, dtype):
                           fused_select=True),
                      dict(num_decode_tokens=n_dec, blocks_per_prog=3,
                           _tune=dict(decode_stages=2)),
-                     dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=True)),
+                     dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=False)),
                      dict(num_decode_tokens=n_dec, context_splits=3,
-                          _tune=dict(prefetch_rows=True))]
+                          _tune=dict(prefetch_rows=False))]
     for kw in variants:
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
@@ -339,7 +339,7 @@ def test_index_block_topk_local_init(local, init):
     for kw in (dict(num_decode_tokens=batch.T), dict(num_decode_tokens=0),
                dict(num_decode_tokens=2, context_splits=2, select_chunk=2),
                dict(num_decode_tokens=2, fused_select=True),
-               dict(num_decode_tokens=2, _tune=dict(prefetch_rows=True))):
+               dict(num_decode_tokens=2, _tune=dict(prefetch_rows=False))):
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, local, init, out=out, **kw)
@@ -357,7 +357,7 @@ def test_index_block_topk_fp8_index_cache(dtype):
     idx_q = torch.randn(batch.T, 1, Didx, device=DEVICE).to(dtype)
     idx_k, idx_s = make_idx_cache(batch, Didx, dtype, fp8=True)
     scores = ref_block_scores(batch, idx_q, idx_k, B, 1, 0, idx_scales=idx_s)
-    for nd, tune in ((batch.T, None), (0, None), (2, None), (2, dict(prefetch_rows=True))):
+    for nd, tune in ((batch.T, None), (0, None), (2, None), (2, dict(prefetch_rows=False))):
         out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
@@ -490,49 +490,6 @@ def test_block_sparse_attention_token_tiles(case, selection):
                     got.double(), ref, atol=atol, rtol=rtol,
                     msg=lambda m: f"[seed {seed} mode {mode} fold {fold} tile {tm} "
                                   f"start {start}] {m}")
-
-
-@pytest.mark.parametrize("case", ["short", "mixed"])
-def test_fp8_ptx_conversion(case):
-    """``_tune={"fp8_ptx": True}``: fp8 K/V (attention, scale modes 1 and 2,
-    per-token and token-tiled) and fp8 index keys (decode and prefill) are
-    converted to fp16 by inline PTX in their load layout; results equal the
-    oracle.  On the H200 the PTX path must be taken; on CPU the interpreter
-    cannot run PTX and the launchers fall back to the plain cast."""
-    from vllm.models.minimax_m3.common.triton_ops._utils import fp8_ptx_conversion
-    assert fp8_ptx_conversion(DEVICE, True) == (
-        ON_GPU and torch.version.hip is None
-        and torch.cuda.get_device_capability() >= (8, 9))
-    assert not fp8_ptx_conversion(DEVICE, False)
-    seed = _seed()
-    dtype = DTYPES[-1]
-    Hq, Hkv, D, Didx, B, page, topk = SHAPES[0]
-    batch = Batch(ATTN_CASES[case](B), page)
-    sel = random_selection(batch, Hkv, topk, B)
-    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
-    scale = D ** -0.5
-    for mode in (1, 2):
-        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
-        ref = ref_attention(batch, q, deq, sel, B, scale)
-        atol, rtol = tol(dtype)
-        atol *= 3  # make_kv_cache's fp8 caches hold 3x larger values
-        for kw in (dict(), dict(num_splits=2), dict(token_tile=4)):
-            out = torch.full_like(q, float("nan"))
-            got = block_sparse_attention(
-                q, kv, batch.block_table, batch.token_req, batch.token_pos, sel, B, scale,
-                mode, ks, vs, kvs, out=out, _tune=dict(fp8_ptx=True), **kw)
-            torch.testing.assert_close(
-                got.double(), ref, atol=atol, rtol=rtol,
-                msg=lambda m: f"[seed {seed} mode {mode} {kw}] {m}")
-    idx_q = torch.randn(batch.T, 1, Didx, device=DEVICE).to(dtype)
-    idx_k, idx_s = make_idx_cache(batch, Didx, dtype, fp8=True)
-    scores = ref_block_scores(batch, idx_q, idx_k, B, 1, 0, idx_scales=idx_s)
-    for nd in (batch.T, 0):
-        out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
-        got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
-                               batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
-                               num_decode_tokens=nd, _tune=dict(fp8_ptx=True))
-        check_topk(got, scores, topk, tag=f"[seed {seed} fp8 idx nd={nd} fp8_ptx]")
 
 
 @pytest.mark.parametrize("case", ["short", "mixed"])

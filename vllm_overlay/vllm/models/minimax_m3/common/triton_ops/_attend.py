@@ -4,7 +4,7 @@ query token per program) and ``sparse_attn_tiled`` (a tile of tokens per
 program): the dot operand dtype and softmax scales, the load of one paged
 key tile, and the online-softmax update with it (base 2)."""
 
-from ._paged import e4m3_to_fp16, paged_row_offsets
+from ._paged import paged_row_offsets
 from ._triton import tl, triton
 
 
@@ -35,36 +35,30 @@ def scales_and_operand(q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE: tl.con
 def load_key_tile(k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, kv_head,
                   k_elem_scale, v_elem_scale,
                   stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
-                  PAGE_SIZE: tl.constexpr, SCALE_MODE: tl.constexpr,
-                  FP8_PTX: tl.constexpr = False):
+                  PAGE_SIZE: tl.constexpr, SCALE_MODE: tl.constexpr):
     """K and V rows [N, D_PAD] of key positions ``kp`` [N] (loaded where
     ``kload``) from the request's pages, scaled per element with SCALE_MODE 3,
     and with SCALE_MODE 2 their per-key scales [N] (else ``k_elem_scale``,
-    unused).  FP8_PTX (SCALE_MODE 1 and 2, fp16 dot operands): fp8 K/V become
-    fp16 right after the load (``e4m3_to_fp16``)."""
+    unused)."""
     row = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_cp, stride_cs)
     if SCALE_MODE == 2:
         srow = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_sp, stride_ss)
     else:
         srow = row
     return load_key_rows(k_base, v_base, kvs_ptr, row, srow, kload, offs_d, dmask, kv_head,
-                         k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE,
-                         FP8_PTX)
+                         k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
 
 
 @triton.jit
 def load_key_rows(k_base, v_base, kvs_ptr, row, srow, kload, offs_d, dmask, kv_head,
                   k_elem_scale, v_elem_scale, stride_skv, stride_sh,
-                  SCALE_MODE: tl.constexpr, FP8_PTX: tl.constexpr = False):
+                  SCALE_MODE: tl.constexpr):
     """``load_key_tile`` from cache row offsets already resolved through the
     block table: ``row`` [N] into the KV cache, ``srow`` [N] into the scale
     cache (SCALE_MODE 2 only)."""
     ld_mask = kload[:, None] & dmask[None, :]
     k = tl.load(k_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
     v = tl.load(v_base + row[:, None] + offs_d[None, :], mask=ld_mask, other=0.0)
-    if FP8_PTX:  # fp8 cache, SCALE_MODE 1 or 2 (the launcher ensures it)
-        k = e4m3_to_fp16(k, True)
-        v = e4m3_to_fp16(v, True)
     if SCALE_MODE == 3:
         k = k.to(tl.float32) * k_elem_scale
         v = v.to(tl.float32) * v_elem_scale

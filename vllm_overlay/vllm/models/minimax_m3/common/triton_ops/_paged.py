@@ -29,25 +29,3 @@ def fp16_dot_operand(x):
     three. bf16 inputs keep their 8 significant bits (fp16 has 11); values
     below 6e-5 in magnitude lose precision, negligible in a dot product."""
     return tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-
-
-@triton.jit
-def e4m3_to_fp16(x, INLINE_PTX: tl.constexpr):
-    """fp8 e4m3 tile ``x`` (as loaded, any shape) -> fp16.
-
-    INLINE_PTX=False is a plain cast, which Triton moves past the layout
-    change to the tl.dot operand so that 8-bit values cross shared memory:
-    Hopper's ldmatrix has no 8-bit transposing form, and the operand is
-    gathered with byte loads and permutes.  INLINE_PTX=True converts with
-    ``cvt.rn.f16x2.e4m3x2`` in an inline-asm op marked impure, which Triton
-    keeps where it is, in the load's layout: the tile crosses shared memory as
-    fp16 (twice the bytes) and reaches the MMA through ldmatrix.  NVIDIA only
-    (sm_89+) and not under the interpreter; the launchers choose."""
-    if INLINE_PTX:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
-            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-            "=r,=r,r", [x.to(tl.int8, bitcast=True)], dtype=tl.float16,
-            is_pure=False, pack=4)
-    else:
-        return x.to(tl.float16)

@@ -69,21 +69,6 @@ def num_sms(device: torch.device) -> int:
     return 4
 
 
-@functools.lru_cache(maxsize=None)
-def _fp8_cvt_ptx_ok(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (8, 9)
-
-
-def fp8_ptx_conversion(device: torch.device, requested: bool) -> bool:
-    """Whether fp8 -> fp16 conversions may use inline PTX (``e4m3_to_fp16``):
-    only when asked for, on an NVIDIA GPU of sm_89 or newer, outside the
-    interpreter; everything else (ROCm, CPU interpreter) uses the plain cast."""
-    if not requested or device.type != "cuda" or interpreting() or torch.version.hip:
-        return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return _fp8_cvt_ptx_ok(idx)
-
-
 def check_triton(device: torch.device) -> None:
     if not HAS_TRITON:
         raise RuntimeError(

@@ -12,8 +12,7 @@ sizes (CUDA-graph capturable, no host syncs).
 import torch
 
 from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
-                     check_triton, fp8_ptx_conversion, largest_pow2_divisor, next_pow2,
-                     num_sms)
+                     check_triton, largest_pow2_divisor, next_pow2, num_sms)
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
 from .sparse_attn_tiled import sparse_attn_tiled_kernel
@@ -119,8 +118,7 @@ def block_sparse_attention(
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
         num_stages; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
-        until the H200 says it pays; ``fp8_ptx``: fp8 K/V converted to fp16
-        by inline PTX in their load layout, NVIDIA sm_89+ only).
+        until the H200 says it pays).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -166,8 +164,6 @@ def block_sparse_attention(
     kernel_mode = 3 if (kv_scale_mode == 1 and not fold_scalar_scales) else kv_scale_mode
 
     fp16_mma = kv_scale_mode != 0 and q.dtype == torch.bfloat16
-    fp8_ptx = fp8_ptx_conversion(device, bool(tune.get("fp8_ptx", False))) and (
-        kernel_mode in (1, 2) and q.dtype in (torch.bfloat16, torch.float16))
     if token_tile and (token_tile < 1 or token_tile & (token_tile - 1)):
         raise ValueError(f"token_tile must be a power of two (tokens per program), "
                          f"got {token_tile}")
@@ -200,7 +196,7 @@ def block_sparse_attention(
             G=G, G_PAD=G_PAD, TM=int(token_tile), D=D, D_PAD=D_PAD,
             TOPK=topk, TOPK_PAD=max(2, next_pow2(topk)),
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
-            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma, FP8_PTX=fp8_ptx,
+            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
             num_warps=tune.get("num_warps", tiled_warps), num_stages=tune.get("num_stages", 2),
         )
         return out
@@ -232,7 +228,7 @@ def block_sparse_attention(
         SCALE_MODE=kernel_mode, IEEE=ieee,
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
-        PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), FP8_PTX=fp8_ptx,
+        PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)),
         num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2),
     )
     if splits > 1 and not fused:

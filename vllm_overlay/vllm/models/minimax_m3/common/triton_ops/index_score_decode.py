@@ -30,7 +30,7 @@ DEC_STAGES > 0 software-pipelines the walk over a program's blocks (tl.range
 num_stages; a tuning knob for BLOCKS_PER_PROG > 1), 0 is a plain loop.
 """
 
-from ._paged import e4m3_to_fp16, fp16_dot_operand, paged_row_offsets
+from ._paged import fp16_dot_operand, paged_row_offsets
 from ._triton import tl, triton
 from .index_topk_select import select_topk_row
 
@@ -40,7 +40,7 @@ def _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d,
                  H_PAD: tl.constexpr, stride_kp, stride_ks, stride_sp, stride_ss,
                  SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                  LOCAL: tl.constexpr, INIT: tl.constexpr,
-                 K_SCALED: tl.constexpr, IEEE: tl.constexpr, FP8_PTX: tl.constexpr):
+                 K_SCALED: tl.constexpr, IEEE: tl.constexpr):
     """Max score of sparse block ``b`` for every index head -> out_row[h, b]."""
     bmax = tl.full([H_PAD], float("-inf"), tl.float32)
     for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
@@ -49,8 +49,6 @@ def _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d,
         row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
         k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
                     mask=kmask[:, None] & dmask[None, :], other=0.0)
-        if K_SCALED and FP8_PTX:
-            k = e4m3_to_fp16(k, True)
         if IEEE:
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -85,7 +83,7 @@ def index_block_max_decode_kernel(
     K_SCALED: tl.constexpr, IEEE: tl.constexpr,
     FUSED_SELECT: tl.constexpr = False, TOPK: tl.constexpr = 1,
     TOPK_PAD: tl.constexpr = 1, CHUNK: tl.constexpr = 16, SINGLE_CHUNK: tl.constexpr = True,
-    DEC_STAGES: tl.constexpr = 0, FP8_PTX: tl.constexpr = False,
+    DEC_STAGES: tl.constexpr = 0,
 ):
     pid_c = tl.program_id(0)
     t = tok_base + tl.program_id(1)
@@ -111,14 +109,12 @@ def index_block_max_decode_kernel(
         for i in tl.range(0, nb, num_stages=DEC_STAGES):
             _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
                          dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
-                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE,
-                         FP8_PTX)
+                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
     else:
         for i in range(0, nb):
             _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
                          dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
-                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE,
-                         FP8_PTX)
+                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
 
     if FUSED_SELECT:
         # acq_rel: this program's score stores are released before the count,

@@ -28,22 +28,19 @@ Layouts (element strides, last dim contiguous):
                candidates per split, merged by ``block_topk_select_kernel``.
 """
 
-from ._paged import e4m3_to_fp16, fp16_dot_operand, paged_row_offsets
+from ._paged import fp16_dot_operand, paged_row_offsets
 from ._triton import tl, triton
 
 
 @triton.jit
 def key_tile_row_max(q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a, offs_d, dmask,
-                     K_SCALED: tl.constexpr, IEEE: tl.constexpr,
-                     FP8_PTX: tl.constexpr = False):
+                     K_SCALED: tl.constexpr, IEEE: tl.constexpr):
     """Per query row, the max over one key tile (cache rows ``row`` [N], key
     positions ``kp`` [N], loaded where ``kmask``) of fp32 ``dot(q, k)``
     (x the key's scale with K_SCALED, scales at ``srow``), counting only keys
     at or before the row's position ``pos_a`` [M]; [M] float32."""
     k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
-    if K_SCALED and FP8_PTX:
-        k = e4m3_to_fp16(k, True)
     if IEEE:
         s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
@@ -84,7 +81,7 @@ def index_topk_prefill_kernel(
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     PAGE_SIZE: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
     SPLITS: tl.constexpr, K_SCALED: tl.constexpr, IEEE: tl.constexpr,
-    PREFETCH_ROWS: tl.constexpr = False, FP8_PTX: tl.constexpr = False,
+    PREFETCH_ROWS: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -138,7 +135,7 @@ def index_topk_prefill_kernel(
                     srow_n = paged_row_offsets(bt_row, kp_n, kmask_n, PAGE_SIZE,
                                                stride_sp, stride_ss)
                 bmax = key_tile_row_max(q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a,
-                                        offs_d, dmask, K_SCALED, IEEE, FP8_PTX)
+                                        offs_d, dmask, K_SCALED, IEEE)
                 run_v, run_i = insert_block(run_v, run_i, bmax, b, own_a, offs_k, LOCAL, INIT)
                 kp, kmask, row, srow = kp_n, kmask_n, row_n, srow_n
         else:
@@ -154,7 +151,7 @@ def index_topk_prefill_kernel(
                                                  stride_sp, stride_ss)
                     bmax = tl.maximum(bmax, key_tile_row_max(
                         q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a, offs_d, dmask,
-                        K_SCALED, IEEE, FP8_PTX))
+                        K_SCALED, IEEE))
                 run_v, run_i = insert_block(run_v, run_i, bmax, b, own_a, offs_k, LOCAL, INIT)
 
     omask = rmask[:, None] & (offs_k[None, :] < TOPK)

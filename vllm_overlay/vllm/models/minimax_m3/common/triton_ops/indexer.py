@@ -28,8 +28,7 @@ without a context split, i.e. slower at long context).
 import torch
 
 from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
-                     check_triton, fp8_ptx_conversion, largest_pow2_divisor, next_pow2,
-                     num_sms)
+                     check_triton, largest_pow2_divisor, next_pow2, num_sms)
 from .index_score_decode import index_block_max_decode_kernel
 from .index_topk_prefill import index_topk_prefill_kernel
 from .index_topk_select import block_topk_select_kernel
@@ -123,8 +122,7 @@ def index_block_topk(
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
         num_warps, num_stages, prefetch_rows; decode decode_stages,
-        decode_warps; both ``fp8_ptx``: fp8 index keys converted to fp16 by
-        inline PTX in their load layout, NVIDIA sm_89+ only).
+        decode_warps).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -156,8 +154,6 @@ def index_block_topk(
         raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
     TOPK_PAD = next_pow2(topk)
     sms = num_sms(device)
-    fp8_ptx = k_scaled and not ieee and fp8_ptx_conversion(
-        device, bool((_tune or {}).get("fp8_ptx", False)))
 
     if nd > 0:
         if blocks_per_prog is None:
@@ -190,7 +186,7 @@ def index_block_topk(
             K_SCALED=k_scaled, IEEE=ieee,
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
-            DEC_STAGES=(_tune or {}).get("decode_stages", 0), FP8_PTX=fp8_ptx,
+            DEC_STAGES=(_tune or {}).get("decode_stages", 0),
             num_warps=(_tune or {}).get("decode_warps", 4),
         )
         if not fused_select:
@@ -213,7 +209,11 @@ def index_block_topk(
         # 128k context (255 vs 298 us, 937 vs 1126 us); 8 warps are slower
         BLOCK_M = tune.get("BLOCK_M", 128 if D_PAD <= 128 else 32)
         tiles = cdiv(npf, BLOCK_M)
-        prefetch_rows = bool(tune.get("prefetch_rows", False))
+        # the next block's pages resolved one block ahead: 10-11% faster on the
+        # H200 for an 8192-token chunk at 32k and 128k context (228 vs 255 us,
+        # 835 vs 936 us; ci/bench_msa.py sweep of 2026-11-30, run 7); it needs
+        # one key tile per sparse block (sparse blocks up to 128 tokens)
+        prefetch_rows = bool(tune.get("prefetch_rows", BLOCK_N == sparse_block))
         if prefetch_rows and BLOCK_N != sparse_block:
             raise ValueError(f"prefetch_rows needs one key tile per sparse block "
                              f"(sparse_block {sparse_block} > {BLOCK_N})")
@@ -231,7 +231,7 @@ def index_block_topk(
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
             PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
-            PREFETCH_ROWS=prefetch_rows, FP8_PTX=fp8_ptx,
+            PREFETCH_ROWS=prefetch_rows,
             num_warps=tune.get("num_warps", 4),
             num_stages=tune.get("num_stages", 2),
         )

@@ -37,8 +37,7 @@ Layouts (element strides):
 Rows with no visible key produce zeros.
 With an fp8 cache and bf16 queries (FP16_MMA) the tl.dot operands are fp16:
 fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
-[0, 1] keeps more mantissa in fp16 than in bf16.  FP8_PTX converts the fp8
-K/V tiles to fp16 in their load layout (``_paged.e4m3_to_fp16``).
+[0, 1] keeps more mantissa in fp16 than in bf16.
 """
 
 from ._attend import (attend_key_tile, key_tile_rows, load_key_rows, load_key_tile,
@@ -65,7 +64,7 @@ def sparse_attn_fwd_kernel(
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 2,
-    PREFETCH_ROWS: tl.constexpr = False, FP8_PTX: tl.constexpr = False,
+    PREFETCH_ROWS: tl.constexpr = False,
 ):
     t = tl.program_id(0)
     g = tl.program_id(1)
@@ -110,7 +109,7 @@ def sparse_attn_fwd_kernel(
                 stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE)
             k, v, ksc, vsc = load_key_rows(
                 k_base, v_base, kvs_ptr, row, srow, kvalid, offs_d, dmask, g,
-                k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE, FP8_PTX)
+                k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
             m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc, qk_scale,
                                             ksc, vsc, SCALE_MODE, IEEE)
             row, srow, kvalid = row_n, srow_n, kvalid_n
@@ -123,8 +122,7 @@ def sparse_attn_fwd_kernel(
                 k, v, ksc, vsc = load_key_tile(
                     k_base, v_base, kvs_ptr, bt_row, kp, kvalid, offs_d, dmask, g,
                     k_elem_scale, v_elem_scale, stride_cp, stride_cs,
-                    stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE,
-                    FP8_PTX)
+                    stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
                 m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc,
                                                 qk_scale, ksc, vsc, SCALE_MODE, IEEE)
 

@@ -49,7 +49,6 @@ def sparse_attn_tiled_kernel(
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
-    FP8_PTX: tl.constexpr = False,
 ):
     R: tl.constexpr = TM * G_PAD
     tile = tl.program_id(0)
@@ -116,7 +115,7 @@ def sparse_attn_tiled_kernel(
             k, v, ksc, vsc = load_key_tile(
                 k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, g,
                 k_elem_scale, v_elem_scale, stride_cp, stride_cs,
-                stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE, FP8_PTX)
+                stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
             vis = member[:, None] & (kp[None, :] <= pos_r[:, None])
             m_i, l_i, acc = attend_key_tile(q, k, v, vis, m_i, l_i, acc, qk_scale, ksc, vsc,
                                             SCALE_MODE, IEEE)
