@@ -686,6 +686,23 @@ def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
                 out=o, num_splits=ns))
             out.append(dict(kind="decode_attn", batch=batch, context=ctx, num_splits=ns, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
+        # the next key tile's slot and pages resolved one tile ahead, with and
+        # without the split merge fused into the attention launch
+        for ns, tune, fused in ((None, dict(prefetch_rows=True), False),
+                                (None, dict(prefetch_rows=True), True),
+                                (None, None, True),
+                                (8, dict(prefetch_rows=True), False),
+                                (16, dict(prefetch_rows=True), False),
+                                (8, dict(prefetch_rows=True, BLOCK_N=64), False)):
+            try:
+                t = timer.time_fn(lambda: block_sparse_attention(
+                    bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
+                    out=o, num_splits=ns, fused_merge=fused, _tune=tune))
+            except Exception as e:  # noqa: BLE001
+                t = repr(e)[:200]
+            out.append(dict(kind="decode_attn", batch=batch, context=ctx, num_splits=ns,
+                            tune=tune, fused_merge=fused, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
 
@@ -742,6 +759,8 @@ def sweep_prefill_attn(timer, dev, index_block_topk, block_sparse_attention):
 
 
 def _git_commit():
+    if os.environ.get("GIT_COMMIT"):  # the caller knows the commit (device copies may lack .git)
+        return os.environ["GIT_COMMIT"]
     try:
         return subprocess.check_output(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                        stderr=subprocess.DEVNULL, text=True).strip()
