@@ -637,16 +637,16 @@ def distinct_per_tile(sel, tm):
     return float((new.sum(1) + (s[:, 0] >= 0)).float().mean())
 
 
-SWEEP_KINDS = ("decode", "prefill_index", "prefill_attn")
+SWEEP_KINDS = ("decode", "prefill_index", "prefill_attn", "fp8_index")
 
 
 def sweep(timer, dev, kinds=SWEEP_KINDS):
     """Tuning sweep of the launch-shape knobs (not part of the table); ``kinds``
     picks the sweeps and their order (decode index + attention, prefill index,
-    prefill attention)."""
+    prefill attention, decode index over the fp8 index-key cache)."""
     index_block_topk, block_sparse_attention, _ = load_kernels()
     runners = dict(decode=sweep_decode, prefill_index=sweep_prefill_index,
-                   prefill_attn=sweep_prefill_attn)
+                   prefill_attn=sweep_prefill_attn, fp8_index=sweep_fp8_index)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -753,6 +753,41 @@ def sweep_prefill_attn(timer, dev, index_block_topk, block_sparse_attention):
             except Exception as e:  # noqa: BLE001
                 t = repr(e)[:200]
             out.append(dict(kind="prefill_attn", kv_mode=kv_mode, context=32768, tune=tune, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def sweep_fp8_index(timer, dev, index_block_topk, block_sparse_attention):
+    """Decode index over the fp8 index-key cache: blocks per program, software
+    pipelining and warps (half the bytes of bf16 per block, the same chain of
+    dependent loads, so the best launch shape may differ); every variant's
+    selection is checked against the default's."""
+    out = []
+    for batch, ctx in ((32, 131072), (32, 32768), (32, 8192)):
+        bt = Batch([ctx] * batch, 1, 0, dev, idx_fp8=True)
+        ref = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+        sel = torch.empty_like(ref)
+        index_block_topk(bt.idx_q, bt.idx_k8, bt.block_table, bt.token_req, bt.token_pos, B,
+                         TOPK, idx_k_scales=bt.idx_s, out=ref, num_decode_tokens=bt.T)
+        for bpp, tune in ((None, None), (1, None), (2, None), (4, None), (8, None),
+                          (2, dict(decode_stages=2)), (4, dict(decode_stages=2)),
+                          (4, dict(decode_stages=3)), (8, dict(decode_stages=3)),
+                          (8, dict(decode_stages=4)), (16, dict(decode_stages=4)),
+                          (4, dict(decode_warps=2)), (4, dict(decode_stages=3, decode_warps=8))):
+            def run():
+                return index_block_topk(
+                    bt.idx_q, bt.idx_k8, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                    idx_k_scales=bt.idx_s, out=sel, num_decode_tokens=bt.T,
+                    blocks_per_prog=bpp, _tune=tune)
+            try:
+                run()
+                same = bool(torch.equal(sel, ref))
+                t = timer.time_fn(run)
+            except Exception as e:  # noqa: BLE001
+                same, t = None, repr(e)[:200]
+            out.append(dict(kind="fp8_index_decode", batch=batch, context=ctx,
+                            blocks_per_prog=bpp, tune=tune, ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out

@@ -29,6 +29,13 @@ from vllm.models.minimax_m3.common.triton_ops.sparse_attn_tiled import (  # noqa
 TARGET = GPUTarget("cuda", 90, 32)
 
 
+# what a launch specializes on real tensors: 16-byte aligned pointers, and the cache
+# strides (multiples of head_dim, itself a multiple of 16) divisible by 16 -- without
+# it Triton can neither vectorize the paged K/V loads nor make them cp.async copies
+ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_cp", "stride_ckv", "stride_cs", "stride_ch",
+                "stride_kp", "stride_ks")
+
+
 def compile_kernel(kernel, pointers, constexprs, num_warps):
     # constexpr parameters left out take their defaults, as at a launch
     constexprs = dict({p.name: p.default for p in kernel.params
@@ -36,7 +43,10 @@ def compile_kernel(kernel, pointers, constexprs, num_warps):
     sig = {n: ("constexpr" if n in constexprs
                else pointers.get(n, "fp32" if n == "sm_scale" else "i32"))
            for n in kernel.arg_names}
-    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs),
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n not in constexprs and (n in pointers or n in ALIGNED_INTS)}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs,
+                                        attrs=attrs),
                               target=TARGET, options=dict(num_warps=num_warps, num_stages=2))
     return compiled.asm["cubin"]
 
