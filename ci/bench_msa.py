@@ -764,7 +764,7 @@ def sweep_fp8_index(timer, dev, index_block_topk, block_sparse_attention):
     dependent loads, so the best launch shape may differ); every variant's
     selection is checked against the default's."""
     out = []
-    for batch, ctx in ((32, 131072), (32, 32768), (32, 8192)):
+    for batch, ctx in ((32, 131072), (32, 32768), (32, 8192), (4, 131072), (1, 8192)):
         bt = Batch([ctx] * batch, 1, 0, dev, idx_fp8=True)
         ref = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         sel = torch.empty_like(ref)

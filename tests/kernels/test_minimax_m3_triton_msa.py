@@ -357,11 +357,13 @@ def test_index_block_topk_fp8_index_cache(dtype):
     idx_q = torch.randn(batch.T, 1, Didx, device=DEVICE).to(dtype)
     idx_k, idx_s = make_idx_cache(batch, Didx, dtype, fp8=True)
     scores = ref_block_scores(batch, idx_q, idx_k, B, 1, 0, idx_scales=idx_s)
-    for nd, tune in ((batch.T, None), (0, None), (2, None), (2, dict(prefetch_rows=False))):
+    for nd, tune, bpp in ((batch.T, None, None), (0, None, None), (2, None, None),
+                          (2, dict(prefetch_rows=False), None),
+                          (batch.T, dict(decode_stages=3), 4)):  # the b32 launch shape
         out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
-                               num_decode_tokens=nd, _tune=tune)
+                               num_decode_tokens=nd, blocks_per_prog=bpp, _tune=tune)
         check_topk(got, scores, topk, tag=f"[seed {seed} fp8 idx nd={nd} {tune}]")
     # the PyTorch reference backend's op takes the same fp8 cache and scales
     from vllm.models.minimax_m3.common import sparse_ops

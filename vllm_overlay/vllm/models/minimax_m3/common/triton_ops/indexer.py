@@ -156,12 +156,19 @@ def index_block_topk(
     sms = num_sms(device)
 
     if nd > 0:
+        dec_stages = 0  # plain loop over a program's blocks
         if blocks_per_prog is None:
             # enough programs to fill the GPU at batch 1, few at large batch
             # measured on H200 (ci/bench_msa.py --sweep): 1 block per program
             # up to ~8k blocks in flight, 2 beyond (b32 x 128k: 255 vs 275 us
             # with 16); more blocks per program only lengthens the tail
             bpp = 2 if nd * max_blocks >= 16384 else 1
+            if k_scaled and not ieee and nd * max_blocks >= 2048:
+                # fp8 index keys: half the bytes per block, the same chain of
+                # dependent loads; 4 blocks per program with a 3-stage
+                # pipelined walk (H200, b32: 162 vs 196 us at 128k, 57 vs 62
+                # at 32k, 23 vs 26 at 8k; ci/results/*-fp8-index-sweep-*)
+                bpp, dec_stages = 4, 3
         else:
             bpp = int(blocks_per_prog)
         H_PAD = max(16, next_pow2(H))
@@ -186,7 +193,7 @@ def index_block_topk(
             K_SCALED=k_scaled, IEEE=ieee,
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
-            DEC_STAGES=(_tune or {}).get("decode_stages", 0),
+            DEC_STAGES=(_tune or {}).get("decode_stages", dec_stages),
             num_warps=(_tune or {}).get("decode_warps", 4),
         )
         if not fused_select:
