@@ -154,6 +154,7 @@ def index_block_topk(
         raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
     TOPK_PAD = next_pow2(topk)
     sms = num_sms(device)
+    tune = _tune or {}
 
     if nd > 0:
         dec_stages = 0  # plain loop over a program's blocks
@@ -193,8 +194,8 @@ def index_block_topk(
             K_SCALED=k_scaled, IEEE=ieee,
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
-            DEC_STAGES=(_tune or {}).get("decode_stages", dec_stages),
-            num_warps=(_tune or {}).get("decode_warps", 4),
+            DEC_STAGES=tune.get("decode_stages", dec_stages),
+            num_warps=tune.get("decode_warps", 4),
         )
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
@@ -210,7 +211,6 @@ def index_block_topk(
 
     npf = T - nd
     if npf > 0:
-        tune = _tune or {}
         # 128 query rows per tile: on the H200 (ci/bench_msa.py --sweep, runs of
         # 2026-11-30) 14-17% faster than 64 for an 8192-token chunk at 32k and
         # 128k context (255 vs 298 us, 937 vs 1126 us); 8 warps are slower
