@@ -379,7 +379,11 @@ def sdpa_dense_decode(bt: Batch):
     return lambda: F(q, k, v, enable_gqa=True)
 
 
-def sdpa_dense_prefill(chunk, ctx, dev):
+def sdpa_dense_prefill(chunk, ctx, dev, flash=False):
+    """Dense causal prefill of ``chunk`` new tokens at the end of ``ctx``
+    (lower-right causal mask, K/V expanded to the query heads).  ``flash``
+    (chunk == ctx only): ``is_causal=True`` on the flash backend, the fastest
+    dense kernel torch has for this shape."""
     from torch.nn.attention.bias import causal_lower_right
     q = torch.randn(1, HQ, chunk, D, device=dev, dtype=torch.bfloat16)
     k = torch.randn(1, HKV, ctx, D, device=dev, dtype=torch.bfloat16)
@@ -387,8 +391,24 @@ def sdpa_dense_prefill(chunk, ctx, dev):
     F = torch.nn.functional.scaled_dot_product_attention
     k16 = k.expand(1, HQ, ctx, D).contiguous()
     v16 = v.expand(1, HQ, ctx, D).contiguous()
+    if flash:
+        assert chunk == ctx
+
+        def run():
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                return F(q, k16, v16, is_causal=True)
+        return run
     mask = causal_lower_right(chunk, ctx)
     return lambda: F(q, k16, v16, attn_mask=mask)
+
+
+def default_token_tile(block_sparse_attention, ctx, kv_fp8):
+    """The engine's token tile for a prefill at ``ctx`` tokens of context
+    (``default_prefill_token_tile`` of the kernels' own package; 0 for
+    kernels that predate it)."""
+    rule = getattr(sys.modules[block_sparse_attention.__module__],
+                   "default_prefill_token_tile", None)
+    return rule(ctx, B, TOPK, kv_fp8) if rule else 0
 
 
 # ----------------------------------------------------------------------------
@@ -524,10 +544,15 @@ def bench(args):
                     index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                      bt.token_pos, B, TOPK, out=sel, num_decode_tokens=0)
 
-                def attn():
+                # the engine's launch shape: token tiles by the context-length rule
+                tm_rule = default_token_tile(block_sparse_attention, ctx, kv_mode != 0)
+                row["token_tile_rule"] = tm_rule
+
+                def attn(tm=tm_rule):
                     block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
                                            bt.token_pos, sel, B, D ** -0.5, kv_mode,
-                                           bt.k_scale, bt.v_scale, bt.kv_scales, out=o)
+                                           bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
+                                           token_tile=tm)
 
                 def total():
                     idx()
@@ -536,11 +561,16 @@ def bench(args):
                 idx()
                 row["index_topk_ms"] = timer.time_fn(idx) / 1e3
                 row["attention_ms"] = timer.time_fn(attn) / 1e3
+                row["attention_per_token_ms"] = (timer.time_fn(lambda: attn(0)) / 1e3
+                                                 if tm_rule else row["attention_ms"])
                 row["total_ms"] = timer.time_fn(total) / 1e3
                 flops = 4 * HQ * D * (sel >= 0).sum().item() * B  # upper bound (full blocks)
                 row["attention_TFLOPs"] = flops / (row["attention_ms"] * 1e-3) / 1e12
                 if kv_mode == 0:
                     row["dense_ms"] = timer.time_fn(sdpa_dense_prefill(chunk, ctx, dev)) / 1e3
+                    if ctx == chunk:  # the whole context: plain causal, flash kernels
+                        row["dense_flash_ms"] = timer.time_fn(
+                            sdpa_dense_prefill(chunk, ctx, dev, flash=True)) / 1e3
                 try:  # variants: a failure here keeps the row's main numbers
                     # token tiles: one program per TM consecutive tokens, each distinct
                     # selected block of the tile read once (sparse_attn_tiled)
@@ -637,7 +667,8 @@ def distinct_per_tile(sel, tm):
     return float((new.sum(1) + (s[:, 0] >= 0)).float().mean())
 
 
-SWEEP_KINDS = ("decode", "prefill_index", "prefill_attn", "fp8_index")
+SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
+               "prefill_index_shapes")
 
 
 def sweep(timer, dev, kinds=SWEEP_KINDS):
@@ -646,7 +677,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
     prefill attention, decode index over the fp8 index-key cache)."""
     index_block_topk, block_sparse_attention, _ = load_kernels()
     runners = dict(decode=sweep_decode, prefill_index=sweep_prefill_index,
-                   prefill_attn=sweep_prefill_attn, fp8_index=sweep_fp8_index)
+                   prefill_tiles=sweep_prefill_tiles, prefill_attn=sweep_prefill_attn,
+                   fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -710,7 +742,38 @@ def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
 def sweep_prefill_index(timer, dev, index_block_topk, block_sparse_attention):
     """Prefill index tile shapes and prefetch_rows."""
     out = []
-    # prefill index: an 8192-token chunk at the end of 32k and 128k contexts
+    # prefill index: an 8192-token chunk at the end of 32k and 128k contexts;
+    # the default launch, then the causal mask skipped on fully visible
+    # blocks, more stages, and more context splits (programs per SM)
+    for ctx in (131072, 32768):
+        bt = Batch([ctx], 8192, 0, dev)
+        ref = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos,
+                               B, TOPK, num_decode_tokens=0)
+        for splits, tune in ((None, None), (None, dict(skip_full_mask=True)),
+                             (None, dict(num_stages=3)),
+                             (None, dict(skip_full_mask=True, num_stages=3)),
+                             (2, None), (4, None), (8, None),
+                             (4, dict(skip_full_mask=True)), (8, dict(skip_full_mask=True)),
+                             (4, dict(skip_full_mask=True, num_stages=3))):
+            def run():
+                return index_block_topk(
+                    bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                    num_decode_tokens=0, context_splits=splits, _tune=tune)
+            try:
+                same = bool(torch.equal(run().sort(-1).values, ref.sort(-1).values))
+                t = timer.time_fn(run)
+            except Exception as e:  # noqa: BLE001
+                same, t = None, repr(e)[:200]
+            out.append(dict(kind="prefill_index", context=ctx, context_splits=splits,
+                            tune=tune, ids_equal_default=same, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def sweep_prefill_index_shapes(timer, dev, index_block_topk, block_sparse_attention):
+    """Prefill index tile shapes and prefetch_rows (run 7's sweep)."""
+    out = []
     for ctx in (32768, 131072):
         bt = Batch([ctx], 8192, 0, dev)
         for tune in (dict(BLOCK_M=64, num_warps=4), dict(BLOCK_M=64, num_warps=8),
@@ -728,6 +791,31 @@ def sweep_prefill_index(timer, dev, index_block_topk, block_sparse_attention):
             out.append(dict(kind="prefill_index", context=ctx, tune=tune, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
+    return out
+
+
+def sweep_prefill_tiles(timer, dev, index_block_topk, block_sparse_attention):
+    """Token tiles of the prefill attention by context length (the rule's
+    threshold): an 8192-token chunk at the end of 8k-64k contexts, the
+    index's own selections, bf16 and fp8 KV, TM 0 (one token per program),
+    2, 4, 8."""
+    out = []
+    for ctx in (8192, 16384, 32768, 65536):
+        for kv_mode in (0, 1):
+            bt = Batch([ctx], 8192, kv_mode, dev)
+            sel = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                   bt.token_pos, B, TOPK, num_decode_tokens=0)
+            o = torch.empty_like(bt.q)
+            for tm in (0, 2, 4, 8):
+                t = timer.time_fn(lambda tm=tm: block_sparse_attention(
+                    bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
+                    kv_mode, bt.k_scale, bt.v_scale, None, out=o, token_tile=tm))
+                out.append(dict(kind="prefill_tiles", kv_mode=kv_mode, context=ctx,
+                                token_tile=tm, rule=default_token_tile(
+                                    block_sparse_attention, ctx, kv_mode != 0),
+                                distinct_per_4=distinct_per_tile(sel, 4), us=t))
+                print(f"[sweep] {out[-1]}", flush=True)
+            del bt
     return out
 
 
@@ -859,7 +947,8 @@ def to_markdown(res):
         if "attention_corr_ms" not in r:
             continue
         L.append(f"| {r['context'] // 1024}k | {r['kv']} | random | "
-                 f"{_f(r.get('tile4_distinct_blocks'))} | {_f(r.get('attention_ms'), 3)} | "
+                 f"{_f(r.get('tile4_distinct_blocks'))} | "
+                 f"{_f(r.get('attention_per_token_ms', r.get('attention_ms')), 3)} | "
                  f"{_f(r.get('attention_tiled4_ms'), 3)} | {_f(r.get('attention_tiled8_ms'), 3)} |")
         L.append(f"| {r['context'] // 1024}k | {r['kv']} | prefill-like | "
                  f"{_f(r.get('corr_tile4_distinct_blocks'))} | "
@@ -867,13 +956,20 @@ def to_markdown(res):
                  f"{_f(r.get('attention_corr_tiled4_ms'), 3)} | "
                  f"{_f(r.get('attention_corr_tiled8_ms'), 3)} |")
     L += ["", "## Prefill, chunk of 8192 at the end of the context (milliseconds)", "",
-          "| context | KV | index+top-k | attention | total | dense | attention TFLOP/s "
+          "attention = the engine's launch (token tile TM by the context-length rule, "
+          "0 = one token per program); dense = SDPA with a lower-right causal mask; "
+          "dense flash = SDPA `is_causal` on the flash backend (chunk = context only).", "",
+          "| context | KV | index+top-k | TM | attention | total | dense | dense flash "
+          "| attention per token | attention TFLOP/s "
           "| attention fp8 unfolded | attention tiled 2 | attention tiled 4 | attention tiled 8 |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("prefill", []):
         L.append(f"| {r['context'] // 1024}k | {r['kv']} | {_f(r.get('index_topk_ms'), 3)} | "
+                 f"{r.get('token_tile_rule', 0)} | "
                  f"{_f(r.get('attention_ms'), 3)} | {_f(r.get('total_ms'), 3)} | "
-                 f"{_f(r.get('dense_ms'), 3)} | {_f(r.get('attention_TFLOPs'), 0)} | "
+                 f"{_f(r.get('dense_ms'), 3)} | {_f(r.get('dense_flash_ms'), 3)} | "
+                 f"{_f(r.get('attention_per_token_ms'), 3)} | "
+                 f"{_f(r.get('attention_TFLOPs'), 0)} | "
                  f"{_f(r.get('attention_unfolded_ms'), 3)} | "
                  + " | ".join(_f(r.get(f"attention_tiled{tm}_ms"), 3)
                               + ("" if r.get(f"tiled{tm}_max_diff", 0.0) < 2e-2 else " (DIFFERS)")

@@ -300,6 +300,8 @@ def test_index_block_topk(case, shape, dtype):
                 dict(num_decode_tokens=n_dec, fused_select=True)]
     if ON_GPU or batch.T <= 12:
         variants.append(dict(num_decode_tokens=batch.T))
+    # the prefill index skipping the causal mask of fully visible blocks
+    variants.append(dict(num_decode_tokens=n_dec, _tune=dict(skip_full_mask=True)))
     if ON_GPU:  # the prefill index without resolving pages one block ahead
         variants.append(dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=False)))
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
@@ -314,7 +316,9 @@ def test_index_block_topk(case, shape, dtype):
                           _tune=dict(decode_stages=2)),
                      dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=False)),
                      dict(num_decode_tokens=n_dec, context_splits=3,
-                          _tune=dict(prefetch_rows=False))]
+                          _tune=dict(prefetch_rows=False)),
+                     dict(num_decode_tokens=0, context_splits=3,
+                          _tune=dict(skip_full_mask=True))]
     for kw in variants:
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
@@ -331,15 +335,18 @@ def test_index_block_topk_local_init(local, init):
     dtype = DTYPES[0]
     _, _, _, Didx, B, page, topk = SHAPES[0]
     H = 3 if not ON_GPU else 4  # non power of two index heads on CPU
-    reqs = [(6 * B - 7, 1), (5, 1), (3 * B - 4, 12)]
-    batch = Batch(reqs, page, order=[1, 0, 2])
+    # the last request's chunk starts on the last key of a block: the block
+    # after it is invisible to the chunk's first row only
+    reqs = [(6 * B - 7, 1), (5, 1), (3 * B - 4, 12), (2 * B - 1, 12)]
+    batch = Batch(reqs, page, order=[1, 0, 2, 3])
     idx_q = torch.randn(batch.T, H, Didx, device=DEVICE).to(dtype)
     idx_k, _ = make_idx_cache(batch, Didx, dtype)
     scores = ref_block_scores(batch, idx_q, idx_k, B, local=local, init=init)
     for kw in (dict(num_decode_tokens=batch.T), dict(num_decode_tokens=0),
                dict(num_decode_tokens=2, context_splits=2, select_chunk=2),
                dict(num_decode_tokens=2, fused_select=True),
-               dict(num_decode_tokens=2, _tune=dict(prefetch_rows=False))):
+               dict(num_decode_tokens=2, _tune=dict(prefetch_rows=False)),
+               dict(num_decode_tokens=2, _tune=dict(skip_full_mask=True))):
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, local, init, out=out, **kw)

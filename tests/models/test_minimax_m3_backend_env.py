@@ -4,7 +4,7 @@ anything but 0 / 1.
   VLLM_MINIMAX_M3_FOLD_KV_SCALE (default 1): fold scalar FP8 KV scales.
   VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE (default 0): fused top-k select and split
   merge in the Triton decode kernels.
-  VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE (default 0): token tiles in the Triton
+  VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE (unset: by context length): token tiles in the Triton
   prefill attention.
 """
 
@@ -31,13 +31,14 @@ def test_switch(monkeypatch, name):
 
 
 def test_prefill_token_tile(monkeypatch):
-    """VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE (default 0 = off): tokens per program
-    of the tiled prefill attention, a power of two up to 16."""
+    """VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE (unset: the context-length rule):
+    tokens per program of the tiled prefill attention, a power of two up to
+    16, 0 or 1 for one token per program."""
     from vllm.models.minimax_m3.common import backend
 
     name = "VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE"
     monkeypatch.delenv(name, raising=False)
-    assert backend.prefill_token_tile() == 0
+    assert backend.prefill_token_tile() is None
     for value in ("0", "1", "2", "4", "16"):
         monkeypatch.setenv(name, value)
         assert backend.prefill_token_tile() == int(value)
@@ -45,3 +46,33 @@ def test_prefill_token_tile(monkeypatch):
         monkeypatch.setenv(name, value)
         with pytest.raises(ValueError, match=f"{name} must be 0 or a power of two"):
             backend.prefill_token_tile()
+
+
+def test_default_prefill_token_tile():
+    """Token tiles only while the context is at most 4 x top-k sparse blocks
+    (8 tokens per program with bf16 KV, 4 with fp8); decode-only batches and
+    an explicit setting bypass the rule."""
+    from vllm.models.minimax_m3.common import backend
+    from vllm.models.minimax_m3.common.triton_ops import default_prefill_token_tile as rule
+
+    assert rule(8192, 128, 16, kv_fp8=False) == 8
+    assert rule(8192, 128, 16, kv_fp8=True) == 4
+    assert rule(8193, 128, 16, kv_fp8=False) == 0
+    assert rule(32768, 128, 16, kv_fp8=True) == 0
+    assert rule(100, 128, 16, kv_fp8=False) == 8
+    assert rule(4096, 64, 16, kv_fp8=False) == 8 and rule(4097, 64, 16, kv_fp8=False) == 0
+    assert rule(0, 128, 16, kv_fp8=False) == 0  # captured graphs: context unknown
+
+    impl = backend.MiniMaxM3SparseImpl.__new__(backend.MiniMaxM3SparseImpl)
+    impl.sparse_block, impl.topk_blocks, impl.prefill_token_tile = 128, 16, None
+
+    def md(num_decode, max_seq_len, T=10):
+        return backend.MiniMaxM3SparseMetadata(T, None, None, None, None, None,
+                                               num_decode, max_seq_len)
+    assert impl._token_tile(md(10, 4000), kv_fp8=False) == 0  # decode only
+    assert impl._token_tile(md(3, 4000), kv_fp8=False) == 8
+    assert impl._token_tile(md(3, 4000), kv_fp8=True) == 4
+    assert impl._token_tile(md(3, 40000), kv_fp8=False) == 0
+    impl.prefill_token_tile = 2
+    assert impl._token_tile(md(3, 40000), kv_fp8=False) == 2
+    assert impl._token_tile(md(10, 40000), kv_fp8=False) == 0

@@ -98,16 +98,21 @@ def one_launch_decode() -> bool:
     return _env_flag("VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE", "0")
 
 
-def prefill_token_tile() -> int:
-    """``VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE`` (default 0 = off): for batches
-    with prefill tokens the Triton attention runs one program per this many
-    consecutive prefill tokens and reads each distinct selected block of the
-    tile once (``token_tile``; the batch's decode tokens stay one per
-    program); a power of two, 0 or 1 for one token per program."""
+def prefill_token_tile() -> int | None:
+    """``VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE``: for batches with prefill tokens
+    the Triton attention runs one program per this many consecutive prefill
+    tokens and reads each distinct selected block of the tile once
+    (``token_tile``; the batch's decode tokens stay one per program); a power
+    of two up to 16, 0 or 1 for one token per program.  Unset (None): the
+    measured rule ``triton_ops.default_prefill_token_tile`` on the batch's
+    longest context (tiles for short contexts only)."""
     name = "VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE"
-    value = os.environ.get(name, "0")
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
     if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
-        raise ValueError(f"{name} must be 0 or a power of two up to 16, got {value!r}")
+        raise ValueError(f"{name} must be 0 or a power of two up to 16 (unset: "
+                         f"by context length), got {value!r}")
     return int(value)
 
 
@@ -122,6 +127,8 @@ class MiniMaxM3SparseMetadata:
     # decode tokens come first (reorder_batch_threshold = 1); only picks the
     # Triton indexer's path, both paths give the same selection
     num_decode_tokens: int = 0
+    # longest request of the batch (host int; picks the prefill launch shape)
+    max_seq_len: int = 0
 
 
 class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMetadata]):
@@ -181,7 +188,8 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
             cm.query_start_loc[: R + 1], cm.seq_lens[:R], self._arange[:T]
         )
         _, _, num_decode_tokens, _ = split_decodes_and_prefills(cm, decode_threshold=1)
-        return self._metadata(cm, token_req, token_pos, num_decode_tokens)
+        return self._metadata(cm, token_req, token_pos, num_decode_tokens,
+                              int(cm.max_seq_len))
 
     def build_for_cudagraph_capture(
         self, common_attn_metadata: CommonAttentionMetadata
@@ -205,7 +213,9 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
         req = (tokens // q).long()
         pos = cm.seq_lens[:R].to(torch.int32)[req] - q + tokens % q
         token_req, token_pos = req.to(torch.int32), pos.clamp(min=0).to(torch.int32)
-        return self._metadata(cm, token_req, token_pos, T if q == 1 else 0)
+        # max_seq_len 0: a captured graph keeps one token per program (the
+        # context length of later replays is unknown here)
+        return self._metadata(cm, token_req, token_pos, T if q == 1 else 0, 0)
 
     def _check_size(self, cm: CommonAttentionMetadata) -> tuple[int, int]:
         if cm.num_actual_tokens > self.max_tokens:
@@ -216,7 +226,7 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
             )
         return cm.num_actual_tokens, cm.num_reqs
 
-    def _metadata(self, cm, token_req, token_pos, num_decode_tokens):
+    def _metadata(self, cm, token_req, token_pos, num_decode_tokens, max_seq_len):
         T, R = cm.num_actual_tokens, cm.num_reqs
         self._token_req[:T].copy_(token_req)
         self._token_pos[:T].copy_(token_pos)
@@ -228,6 +238,7 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
             seq_lens=cm.seq_lens[:R],
             slot_mapping=cm.slot_mapping[:T],
             num_decode_tokens=num_decode_tokens,
+            max_seq_len=max_seq_len,
         )
 
 
@@ -439,9 +450,20 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             kv_scales,
             **({"fold_scalar_scales": self.fold_scalar_scales,
                 "fused_merge": self.one_launch,
-                "token_tile": (self.prefill_token_tile if md.num_decode_tokens < T else 0),
+                "token_tile": self._token_tile(md, mode != 0),
                 "tile_start": md.num_decode_tokens}
                if ops.triton else {}),
         )
         output[:T] = out
         return output
+
+    def _token_tile(self, md: MiniMaxM3SparseMetadata, kv_fp8: bool) -> int:
+        """Tokens per program of the Triton attention for the batch's prefill
+        tokens (0: one per program; decode-only batches always 0)."""
+        if md.num_decode_tokens >= md.num_actual_tokens:
+            return 0
+        if self.prefill_token_tile is not None:
+            return self.prefill_token_tile
+        from vllm.models.minimax_m3.common.triton_ops import default_prefill_token_tile
+        return default_prefill_token_tile(md.max_seq_len, self.sparse_block,
+                                          self.topk_blocks, kv_fp8)

@@ -17,9 +17,9 @@ kernels also run on CPU under ``TRITON_INTERPRET=1``.
 
 from ._triton import HAS_TRITON
 from ._utils import arrival_counters
-from .attention import block_sparse_attention
+from .attention import block_sparse_attention, default_prefill_token_tile
 from .cache_write import write_sparse_cache
 from .indexer import index_block_topk
 
-__all__ = ["HAS_TRITON", "arrival_counters", "block_sparse_attention", "index_block_topk",
-           "write_sparse_cache"]
+__all__ = ["HAS_TRITON", "arrival_counters", "block_sparse_attention",
+           "default_prefill_token_tile", "index_block_topk", "write_sparse_cache"]

@@ -10,6 +10,10 @@ it into a per-row running top-k set kept in registers (replace-the-minimum),
 so the ``[T, num_blocks]`` score matrix is never materialised.  Forced blocks
 (own block, ``LOCAL - 1`` preceding ones, the first ``INIT``) score +inf.
 
+With ``SKIP_FULL_MASK`` the per-element causal mask is skipped (a branch on
+a scalar) for blocks that end at or before the earliest position of the
+request's rows in the tile -- all but the last few blocks of a long context.
+
 With ``PREFETCH_ROWS`` (one key tile per sparse block) the block-table
 lookups of the next block are issued before this block's keys are scored, so
 their latency overlaps the math (Triton's pipeliner leaves such data-dependent
@@ -34,11 +38,15 @@ from ._triton import tl, triton
 
 @triton.jit
 def key_tile_row_max(q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a, offs_d, dmask,
-                     K_SCALED: tl.constexpr, IEEE: tl.constexpr):
+                     K_SCALED: tl.constexpr, IEEE: tl.constexpr,
+                     SKIP_FULL_MASK: tl.constexpr = False, full=False):
     """Per query row, the max over one key tile (cache rows ``row`` [N], key
     positions ``kp`` [N], loaded where ``kmask``) of fp32 ``dot(q, k)``
     (x the key's scale with K_SCALED, scales at ``srow``), counting only keys
-    at or before the row's position ``pos_a`` [M]; [M] float32."""
+    at or before the row's position ``pos_a`` [M] (-1: the row is not
+    scored, -inf); [M] float32.  With SKIP_FULL_MASK, ``full`` (a scalar:
+    every key of the tile is at or before every scored row's position) skips
+    the per-element causal mask."""
     k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
     if IEEE:
@@ -48,8 +56,12 @@ def key_tile_row_max(q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a, offs_d, dmas
     if K_SCALED:
         ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
         s = s * ksc[None, :]
-    s = tl.where(kp[None, :] <= pos_a[:, None], s, float("-inf"))
-    return tl.max(s, axis=1)
+    if SKIP_FULL_MASK:
+        if not full:
+            s = tl.where(kp[None, :] <= pos_a[:, None], s, float("-inf"))
+    else:
+        s = tl.where(kp[None, :] <= pos_a[:, None], s, float("-inf"))
+    return tl.where(pos_a >= 0, tl.max(s, axis=1), float("-inf"))
 
 
 @triton.jit
@@ -81,7 +93,7 @@ def index_topk_prefill_kernel(
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     PAGE_SIZE: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
     SPLITS: tl.constexpr, K_SCALED: tl.constexpr, IEEE: tl.constexpr,
-    PREFETCH_ROWS: tl.constexpr = False,
+    PREFETCH_ROWS: tl.constexpr = False, SKIP_FULL_MASK: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -115,6 +127,7 @@ def index_topk_prefill_kernel(
         pos_a = tl.where(act, pos, -1)
         own_a = tl.where(act, own, -1)
         max_pos = tl.max(pos_a, axis=0)
+        min_pos = tl.min(tl.where(act, pos, 2147483647), axis=0)
         b_hi = tl.minimum(tl.max(own_a, axis=0) + 1, b_lo + blocks_per_split)
         bt_row = bt_ptr + r * stride_bt
         if PREFETCH_ROWS:
@@ -134,8 +147,9 @@ def index_topk_prefill_kernel(
                 if K_SCALED:
                     srow_n = paged_row_offsets(bt_row, kp_n, kmask_n, PAGE_SIZE,
                                                stride_sp, stride_ss)
+                full = (b + 1) * SPARSE_BLOCK <= min_pos + 1
                 bmax = key_tile_row_max(q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a,
-                                        offs_d, dmask, K_SCALED, IEEE)
+                                        offs_d, dmask, K_SCALED, IEEE, SKIP_FULL_MASK, full)
                 run_v, run_i = insert_block(run_v, run_i, bmax, b, own_a, offs_k, LOCAL, INIT)
                 kp, kmask, row, srow = kp_n, kmask_n, row_n, srow_n
         else:

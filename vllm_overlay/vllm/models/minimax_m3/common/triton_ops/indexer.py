@@ -121,7 +121,7 @@ def index_block_topk(
       fused_select: decode path in one launch (the last scoring program of a
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
-        num_warps, num_stages, prefetch_rows; decode decode_stages,
+        num_warps, num_stages, prefetch_rows, skip_full_mask; decode decode_stages,
         decode_warps).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
@@ -239,6 +239,7 @@ def index_block_topk(
             PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
             PREFETCH_ROWS=prefetch_rows,
+            SKIP_FULL_MASK=bool(tune.get("skip_full_mask", False)) and prefetch_rows,
             num_warps=tune.get("num_warps", 4),
             num_stages=tune.get("num_stages", 2),
         )
