@@ -499,6 +499,35 @@ def bench(args):
                     row["attention_fused_us"] = timer.time_graph(timer.graph(attn_fused))
                     row["index_topk_fused_us"] = timer.time_graph(timer.graph(idx_fused))
                     row["total_fused_us"] = timer.time_graph(timer.graph(total_fused))
+                    # programmatic dependent launch through the decode chain (each
+                    # kernel starts while the one before it finishes): same ids and
+                    # output, own timing
+                    sel_p = torch.full_like(sel, -7)
+                    o_p = torch.empty_like(o)
+
+                    def idx_pdl():
+                        index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                         bt.token_pos, B, TOPK, out=sel_p,
+                                         num_decode_tokens=bt.T, _tune=dict(pdl=True))
+
+                    def attn_pdl():
+                        block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                               bt.token_pos, sel_p, B, D ** -0.5, kv_mode,
+                                               bt.k_scale, bt.v_scale, bt.kv_scales, out=o_p,
+                                               _tune=dict(pdl=True))
+
+                    def total_pdl():
+                        idx_pdl()
+                        attn_pdl()
+                    total_pdl()
+                    torch.cuda.synchronize()
+                    row["pdl_select_equal"] = bool(torch.equal(sel_p, sel))
+                    row["pdl_max_diff"] = float((o_p.float() - o.float()).abs().max())
+                    row["index_topk_pdl_us"] = timer.time_graph(timer.graph(idx_pdl))
+                    row["attention_pdl_us"] = timer.time_graph(timer.graph(attn_pdl))
+                    g_pdl = timer.graph(total_pdl)
+                    row["total_pdl_us"] = timer.time_graph(g_pdl)
+                    row["total_pdl_warm_us"] = timer.time_graph(g_pdl, flush=False)
                     if kv_mode == 1:  # seed 002's A/B at kernel level: scalar scales unfolded
                         row["attention_unfolded_us"] = timer.time_graph(timer.graph(
                             lambda: block_sparse_attention(
@@ -924,8 +953,9 @@ def to_markdown(res):
           "| batch | context | KV | index+top-k | attention | total | floor | total/floor | dense "
           "| index+top-k fp8-idx | floor fp8-idx | fp8-idx overlap "
           "| index+top-k fused select | attention fused merge | total fused "
-          "| attention fp8 unfolded |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| attention fp8 unfolded | index+top-k PDL | attention PDL | total PDL "
+          "| total PDL / floor |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("decode", []):
         ratio = (r["total_us"] / r["floor_us"]) if "total_us" in r and "floor_us" in r else None
         L.append(f"| {r['batch']} | {r['context'] // 1024}k | {r['kv']} | "
@@ -937,7 +967,13 @@ def to_markdown(res):
                  f"{'' if r.get('fused_select_equal', True) else ' (ids DIFFER)'} | "
                  f"{_f(r.get('attention_fused_us'))}"
                  f"{'' if r.get('fused_merge_max_diff', 0.0) < 1e-2 else ' (output DIFFERS)'} | "
-                 f"{_f(r.get('total_fused_us'))} | {_f(r.get('attention_unfolded_us'))} |"
+                 f"{_f(r.get('total_fused_us'))} | {_f(r.get('attention_unfolded_us'))} | "
+                 f"{_f(r.get('index_topk_pdl_us'))}"
+                 f"{'' if r.get('pdl_select_equal', True) else ' (ids DIFFER)'} | "
+                 f"{_f(r.get('attention_pdl_us'))}"
+                 f"{'' if r.get('pdl_max_diff', 0.0) < 1e-2 else ' (output DIFFERS)'} | "
+                 f"{_f(r.get('total_pdl_us'))} | "
+                 f"{_f(r['total_pdl_us'] / r['floor_us'] if 'total_pdl_us' in r and 'floor_us' in r else None, 2)} |"
                  + (" ERROR |" if "error" in r else ""))
     L += ["", "## Prefill: token-tiled attention (milliseconds; distinct blocks per 4-token "
           "tile, at most 4 x top-k)", "",

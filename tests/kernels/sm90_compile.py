@@ -21,6 +21,10 @@ from vllm.models.minimax_m3.common.triton_ops.index_score_decode import (  # noq
     index_block_max_decode_kernel)
 from vllm.models.minimax_m3.common.triton_ops.index_topk_prefill import (  # noqa: E402
     index_topk_prefill_kernel)
+from vllm.models.minimax_m3.common.triton_ops.index_topk_select import (  # noqa: E402
+    block_topk_select_kernel)
+from vllm.models.minimax_m3.common.triton_ops.sparse_attn_merge import (  # noqa: E402
+    sparse_attn_merge_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_fwd import (  # noqa: E402
     sparse_attn_fwd_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_tiled import (  # noqa: E402
@@ -68,6 +72,10 @@ def main():
                                           FUSED_MERGE=True, S_PAD=4, PREFETCH_ROWS=False), 4),
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1,
                                           FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=True), 4),
+            # decode launch with programmatic dependent launch (griddepcontrol)
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=2, NUM_SPLITS=8,
+                                          FUSED_MERGE=False, S_PAD=8, PREFETCH_ROWS=False,
+                                          PDL=True), 4),
             (sparse_attn_tiled_kernel, dict(TM=4, TOPK=16, TOPK_PAD=16), 4),
             (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
         ]
@@ -103,11 +111,25 @@ def main():
                      BLOCKS_PER_PROG=1, PAGE_SIZE=64, LOCAL=1, INIT=1,
                      K_SCALED=k_dtype != "*bf16", IEEE=False, FUSED_SELECT=False, TOPK=16,
                      TOPK_PAD=16, CHUNK=16, SINGLE_CHUNK=True, DEC_STAGES=0)
-        cubin = compile_kernel(index_block_max_decode_kernel, ptrs, shape, 4)
-        assert len(cubin) > 0
-        print(f"compiled index_block_max_decode_kernel keys {k_dtype} ({len(cubin)} B cubin)",
-              flush=True)
-        done += 1
+        for pdl in (False, True):
+            cubin = compile_kernel(index_block_max_decode_kernel, ptrs, dict(shape, PDL=pdl), 4)
+            assert len(cubin) > 0
+            print(f"compiled index_block_max_decode_kernel keys {k_dtype} PDL={pdl} "
+                  f"({len(cubin)} B cubin)", flush=True)
+            done += 1
+    # the rest of the decode chain with programmatic dependent launch
+    cubin = compile_kernel(block_topk_select_kernel, dict(vals_ptr="*fp32", ids_ptr="*fp32",
+                                                          pos_ptr="*i32", out_ptr="*i32"),
+                           dict(TOPK=16, TOPK_PAD=16, CHUNK=1024, SPARSE_BLOCK=128,
+                                HAS_IDS=False, VALID_FROM_POS=True, SINGLE_CHUNK=True,
+                                PDL=True), 4)
+    assert len(cubin) > 0
+    cubin = compile_kernel(sparse_attn_merge_kernel, dict(part_o_ptr="*fp32",
+                                                          part_lse_ptr="*fp32", out_ptr="*bf16"),
+                           dict(HQ=16, S=8, S_PAD=8, D=128, D_PAD=128, PDL=True), 4)
+    assert len(cubin) > 0
+    print("compiled block_topk_select_kernel and sparse_attn_merge_kernel PDL=True", flush=True)
+    done += 2
     print(f"ok {done} kernels")
     return 0
 

@@ -304,6 +304,8 @@ def test_index_block_topk(case, shape, dtype):
     variants.append(dict(num_decode_tokens=n_dec, _tune=dict(skip_full_mask=True)))
     if ON_GPU:  # the prefill index without resolving pages one block ahead
         variants.append(dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=False)))
+        # the decode chain with programmatic dependent launch (sm90+)
+        variants.append(dict(num_decode_tokens=n_dec, _tune=dict(pdl=True)))
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
         # tuning knobs: several blocks per decode program, prefill split over
         # the context with a merge, top-k selection streaming several chunks
@@ -422,16 +424,19 @@ def test_block_sparse_attention(case, shape, dtype):
     ref = ref_attention(batch, q, deq, sel, B, scale)
     atol, rtol = tol(dtype)
     splits_list = (1, 2, topk) if case == "mixed" else (1, 2)
-    runs = [(n, False) for n in ((None,) + splits_list if ON_GPU else splits_list)]
-    runs += [(n, True) for n in splits_list if n != 1]  # the split merge fused in
-    for splits, fused in runs:
+    runs = [(n, False, None) for n in ((None,) + splits_list if ON_GPU else splits_list)]
+    runs += [(n, True, None) for n in splits_list if n != 1]  # the split merge fused in
+    if ON_GPU:  # programmatic dependent launch of the attention and its merge (sm90+)
+        runs += [(n, False, dict(pdl=True)) for n in (None, 2)]
+    for splits, fused, tune in runs:
         out = torch.full_like(q, float("nan"))
         got = block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
                                      sel, B, scale, out=out, num_splits=splits,
-                                     fused_merge=fused)
+                                     fused_merge=fused, _tune=tune)
         assert got.data_ptr() == out.data_ptr()
-        torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
-                                   msg=lambda m: f"[seed {seed} splits {splits} fused {fused}] {m}")
+        torch.testing.assert_close(
+            got.double(), ref, atol=atol, rtol=rtol,
+            msg=lambda m: f"[seed {seed} splits {splits} fused {fused} {tune}] {m}")
         if fused:
             assert_counters_zero()
 
@@ -599,6 +604,52 @@ def test_msa_pipeline_end_to_end(dtype):
     atol, rtol = tol(dtype)
     torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
                                msg=lambda m: f"[seed {seed}] {m}")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA GPU "
+                    "(sm90+); on the H200: ci/gpu_series_tests.sh kernels")
+def test_decode_chain_pdl_in_cuda_graph():
+    """The decode chain (index scoring, top-k select, attention, merge) with
+    programmatic dependent launch, captured in one CUDA graph and replayed on
+    fresh queries: every replay equals the chain launched without PDL, so each
+    kernel waited for the selection / partials of the one before it."""
+    from vllm.models.minimax_m3.common.triton_ops._utils import pdl_supported
+    if not pdl_supported(DEVICE):
+        pytest.skip("needs sm90+ with Triton grid dependency control")
+    seed = _seed()
+    Hq, Hkv, D, Didx, B, page, topk = SHAPES[0]
+    batch = Batch([(40 * B + 3, 1), (7 * B, 1), (300 * B - 1, 1), (B // 2, 1)] * 8, page)
+    idx_k, _ = make_idx_cache(batch, Didx, torch.bfloat16)
+    kv, _, _, _, _ = make_kv_cache(batch, Hkv, D, torch.bfloat16, 0)
+    idx_q = torch.empty(batch.T, Hkv, Didx, device=DEVICE, dtype=torch.bfloat16)
+    q = torch.empty(batch.T, Hq, D, device=DEVICE, dtype=torch.bfloat16)
+    sel = torch.empty(batch.T, Hkv, topk, dtype=torch.int32, device=DEVICE)
+    out = torch.empty_like(q)
+
+    def chain(sel, out, tune):
+        index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos, B,
+                         topk, out=sel, num_decode_tokens=batch.T, _tune=tune)
+        block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos, sel,
+                               B, D ** -0.5, out=out, _tune=tune)
+
+    idx_q.normal_()
+    q.normal_()
+    chain(sel, out, dict(pdl=True))  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        chain(sel, out, dict(pdl=True))
+    ref_sel, ref_out = torch.empty_like(sel), torch.empty_like(out)
+    for rep in range(5):
+        idx_q.normal_()
+        q.normal_()
+        sel.fill_(-7)
+        out.fill_(float("nan"))
+        g.replay()
+        chain(ref_sel, ref_out, dict(pdl=False))
+        torch.cuda.synchronize()
+        assert torch.equal(sel, ref_sel), f"[seed {seed} replay {rep}] selections differ"
+        assert torch.equal(out, ref_out), f"[seed {seed} replay {rep}] outputs differ"
 
 
 def test_block_sparse_attention_bad_input():

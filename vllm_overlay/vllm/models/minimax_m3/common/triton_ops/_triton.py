@@ -18,4 +18,15 @@ except ImportError:  # pragma: no cover - depends on the install
 
     HAS_TRITON = False
 
-__all__ = ["triton", "tl", "HAS_TRITON"]
+# grid dependency control (programmatic dependent launch, sm90+): the kernels
+# reach it as ``tl_cuda.gdc_wait()`` / ``tl_cuda.gdc_launch_dependents()``
+# inside ``if PDL:`` (a constexpr, False off CUDA and in the interpreter)
+try:
+    from triton.language.extra import cuda as tl_cuda
+
+    HAS_GDC = hasattr(tl_cuda, "gdc_wait") and hasattr(tl_cuda, "gdc_launch_dependents")
+except Exception:  # pragma: no cover - depends on the install
+    tl_cuda = None
+    HAS_GDC = False
+
+__all__ = ["triton", "tl", "tl_cuda", "HAS_TRITON", "HAS_GDC"]

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from ._triton import HAS_TRITON
+from ._triton import HAS_GDC, HAS_TRITON
 
 
 _COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
@@ -67,6 +67,39 @@ def num_sms(device: torch.device) -> int:
         idx = device.index if device.index is not None else torch.cuda.current_device()
         return _num_sms(idx)
     return 4
+
+
+def pdl_env() -> bool:
+    """``VLLM_MINIMAX_M3_PDL`` (default 0): launch the decode kernel chain
+    (index scoring, top-k select, attention, split merge) with programmatic
+    dependent launch, so each kernel's programs start and read their static
+    inputs while the previous kernel finishes."""
+    name = "VLLM_MINIMAX_M3_PDL"
+    value = os.environ.get(name, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_major(device_index: int) -> int:
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch needs CUDA (not ROCm) on sm90+, compiled
+    kernels (not the interpreter) and a Triton with grid dependency control."""
+    if device.type != "cuda" or torch.version.hip is not None or interpreting() or not HAS_GDC:
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_major(idx) >= 9
+
+
+def use_pdl(device: torch.device, tune: dict) -> bool:
+    """PDL for this launch: ``tune["pdl"]`` if given (benchmarks; ignored
+    where unsupported), else ``VLLM_MINIMAX_M3_PDL``."""
+    want = tune.get("pdl") if "pdl" in tune else pdl_env()
+    return bool(want) and pdl_supported(device)
 
 
 def check_triton(device: torch.device) -> None:

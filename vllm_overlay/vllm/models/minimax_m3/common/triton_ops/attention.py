@@ -12,7 +12,7 @@ sizes (CUDA-graph capturable, no host syncs).
 import torch
 
 from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
-                     check_triton, largest_pow2_divisor, next_pow2, num_sms)
+                     check_triton, largest_pow2_divisor, next_pow2, num_sms, use_pdl)
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
 from .sparse_attn_tiled import sparse_attn_tiled_kernel
@@ -139,7 +139,8 @@ def block_sparse_attention(
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
         num_stages; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
-        until the H200 says it pays).
+        until the H200 says it pays; ``pdl``: programmatic dependent launch of
+        the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -230,6 +231,8 @@ def block_sparse_attention(
         part_lse = torch.empty((T, HQ, splits), dtype=torch.float32, device=device)
         o_ptr, ost = out, (HQ, 1)
     fused = fused_merge and splits > 1
+    pdl = use_pdl(device, tune)
+    pdl_kw = {"launch_pdl": True} if pdl else {}
     counters = arrival_counters(device, "attention_merge", T * HKV) if fused else dummy
     sparse_attn_fwd_kernel[(T, HKV, splits)](
         q, kv_cache, block_table, token_req, token_pos, topk_blocks,
@@ -249,15 +252,15 @@ def block_sparse_attention(
         SCALE_MODE=kernel_mode, IEEE=ieee,
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
-        PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)),
-        num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2),
+        PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), PDL=pdl,
+        num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2), **pdl_kw,
     )
     if splits > 1 and not fused:
         sparse_attn_merge_kernel[(T, HQ)](
             part_o, part_lse, out,
             out.stride(0), out.stride(1),
-            HQ=HQ, S=splits, S_PAD=max(2, next_pow2(splits)), D=D, D_PAD=D_PAD,
-            num_warps=4,
+            HQ=HQ, S=splits, S_PAD=max(2, next_pow2(splits)), D=D, D_PAD=D_PAD, PDL=pdl,
+            num_warps=4, **pdl_kw,
         )
     return out
 

@@ -26,12 +26,17 @@ program that arrives last reads the token's complete score rows and writes
 the top-k block ids to ``sel [T, H, TOPK]`` (as block_topk_select_kernel),
 then puts the counter back to 0, so a persistent zeroed buffer stays valid
 across launches and CUDA-graph replays.  One launch instead of two.
+PDL (programmatic dependent launch, CUDA sm90+; the wrapper launches with
+``launch_pdl``): the program lets the next launch start, reads the token's
+position, request and index query (written before the previous launch
+began), then waits for the previous launch (the cache write) to complete
+before it reads any index key or writes anything.
 DEC_STAGES > 0 software-pipelines the walk over a program's blocks (tl.range
 num_stages; a tuning knob for BLOCKS_PER_PROG > 1), 0 is a plain loop.
 """
 
 from ._paged import fp16_dot_operand, paged_row_offsets
-from ._triton import tl, triton
+from ._triton import tl, tl_cuda, triton
 from .index_topk_select import select_topk_row
 
 
@@ -83,8 +88,10 @@ def index_block_max_decode_kernel(
     K_SCALED: tl.constexpr, IEEE: tl.constexpr,
     FUSED_SELECT: tl.constexpr = False, TOPK: tl.constexpr = 1,
     TOPK_PAD: tl.constexpr = 1, CHUNK: tl.constexpr = 16, SINGLE_CHUNK: tl.constexpr = True,
-    DEC_STAGES: tl.constexpr = 0,
+    DEC_STAGES: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        tl_cuda.gdc_launch_dependents()
     pid_c = tl.program_id(0)
     t = tok_base + tl.program_id(1)
     req = tl.load(req_ptr + t)
@@ -104,6 +111,8 @@ def index_block_max_decode_kernel(
         q = fp16_dot_operand(q)
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     out_row = out_ptr + t.to(tl.int64) * stride_ot + offs_h * stride_oh
+    if PDL:
+        tl_cuda.gdc_wait()  # the cache write before this launch is complete
 
     if DEC_STAGES > 0:  # software-pipelined walk over this program's blocks
         for i in tl.range(0, nb, num_stages=DEC_STAGES):

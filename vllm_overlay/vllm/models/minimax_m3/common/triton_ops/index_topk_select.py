@@ -16,7 +16,7 @@ If VALID_FROM_POS, only columns b <= token_pos // SPARSE_BLOCK are read (the
 decode score buffer is only written up to the own block).
 """
 
-from ._triton import tl, triton
+from ._triton import tl, tl_cuda, triton
 
 
 @triton.jit
@@ -75,7 +75,10 @@ def block_topk_select_kernel(
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     HAS_IDS: tl.constexpr, VALID_FROM_POS: tl.constexpr, SINGLE_CHUNK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # see index_score_decode: static inputs first, then wait
+        tl_cuda.gdc_launch_dependents()
     t = tok_base + tl.program_id(0)
     h = tl.program_id(1)
     if VALID_FROM_POS:
@@ -83,6 +86,8 @@ def block_topk_select_kernel(
         n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, N)
     else:
         n_valid = N
+    if PDL:
+        tl_cuda.gdc_wait()
     select_topk_row(vals_ptr, ids_ptr, t.to(tl.int64) * stride_vt + h * stride_vh, n_valid,
                     out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh,
                     TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False)

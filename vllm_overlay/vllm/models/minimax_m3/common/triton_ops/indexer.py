@@ -28,7 +28,7 @@ without a context split, i.e. slower at long context).
 import torch
 
 from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
-                     check_triton, largest_pow2_divisor, next_pow2, num_sms)
+                     check_triton, largest_pow2_divisor, next_pow2, num_sms, use_pdl)
 from .index_score_decode import index_block_max_decode_kernel
 from .index_topk_prefill import index_topk_prefill_kernel
 from .index_topk_select import block_topk_select_kernel
@@ -122,6 +122,7 @@ def index_block_topk(
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
         num_warps, num_stages, prefetch_rows, skip_full_mask; decode decode_stages,
+        pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
         decode_warps).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
@@ -173,6 +174,8 @@ def index_block_topk(
         else:
             bpp = int(blocks_per_prog)
         H_PAD = max(16, next_pow2(H))
+        pdl = use_pdl(device, tune)
+        pdl_kw = {"launch_pdl": True} if pdl else {}
         scores = torch.empty((nd, H, max_blocks), dtype=torch.float32, device=device)
         grid = (cdiv(max_blocks, bpp), nd)
         chunk = select_chunk or min(next_pow2(max_blocks), 2048)
@@ -194,8 +197,8 @@ def index_block_topk(
             K_SCALED=k_scaled, IEEE=ieee,
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
-            DEC_STAGES=tune.get("decode_stages", dec_stages),
-            num_warps=tune.get("decode_warps", 4),
+            DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl,
+            num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
@@ -205,8 +208,8 @@ def index_block_topk(
                 out.stride(0), out.stride(1),
                 TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
                 SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
-                SINGLE_CHUNK=max_blocks <= chunk,
-                num_warps=_select_warps(chunk),
+                SINGLE_CHUNK=max_blocks <= chunk, PDL=pdl,
+                num_warps=_select_warps(chunk), **pdl_kw,
             )
 
     npf = T - nd
@@ -239,7 +242,10 @@ def index_block_topk(
             PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
             PREFETCH_ROWS=prefetch_rows,
-            SKIP_FULL_MASK=bool(tune.get("skip_full_mask", False)) and prefetch_rows,
+            # no per-element causal mask on blocks every row of the tile sees
+            # in full: H200 run 8, 8192-token chunk, 740 vs 836 us at 128k,
+            # 209 vs 229 at 32k (ci/results/2026-11-30-prefill-sweep-h200-run8.json)
+            SKIP_FULL_MASK=bool(tune.get("skip_full_mask", True)) and prefetch_rows,
             num_warps=tune.get("num_warps", 4),
             num_stages=tune.get("num_stages", 2),
         )

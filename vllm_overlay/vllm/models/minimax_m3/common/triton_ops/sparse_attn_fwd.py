@@ -35,6 +35,9 @@ Layouts (element strides):
                    (strides ``stride_fot``, ``stride_foh``).  One launch, no
                    merge kernel.
 Rows with no visible key produce zeros.
+PDL (programmatic dependent launch, CUDA sm90+, decode): the program lets the
+next launch start, reads its query, position and request, then waits for the
+previous launch (the top-k selection) to complete before anything else.
 With an fp8 cache and bf16 queries (FP16_MMA) the tl.dot operands are fp16:
 fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 [0, 1] keeps more mantissa in fp16 than in bf16.
@@ -42,7 +45,7 @@ fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 
 from ._attend import (attend_key_tile, key_tile_rows, load_key_rows, load_key_tile,
                       scales_and_operand)
-from ._triton import tl, triton
+from ._triton import tl, tl_cuda, triton
 
 
 @triton.jit
@@ -64,8 +67,10 @@ def sparse_attn_fwd_kernel(
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 2,
-    PREFETCH_ROWS: tl.constexpr = False,
+    PREFETCH_ROWS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        tl_cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -81,6 +86,8 @@ def sparse_attn_fwd_kernel(
     heads = g * G + offs_m
     q = tl.load(q_ptr + t64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mmask[:, None] & dmask[None, :], other=0.0)
+    if PDL:  # q, position and request were written before the previous launch
+        tl_cuda.gdc_wait()  # began; the selection (and cache) are complete now
     q, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
         q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
 

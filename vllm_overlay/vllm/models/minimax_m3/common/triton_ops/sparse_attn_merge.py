@@ -7,7 +7,7 @@ One program per (query token, query head).  Layouts:
   out      [T, Hq, D] (output dtype); rows whose splits are all empty get 0.
 """
 
-from ._triton import tl, triton
+from ._triton import tl, tl_cuda, triton
 
 
 @triton.jit
@@ -15,8 +15,10 @@ def sparse_attn_merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr,
     stride_ot, stride_oh,
     HQ: tl.constexpr, S: tl.constexpr, S_PAD: tl.constexpr,
-    D: tl.constexpr, D_PAD: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched early: wait for the attention partials
+        tl_cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, S_PAD)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The MSA kernel job on one GPU, without building or installing the vLLM wheel:
+# the Triton kernels (vllm_overlay/.../triton_ops) only need torch and triton, so
+# this puts them (and the torch-only reference ops) on PYTHONPATH as a stub `vllm`
+# package, then, in one call,
+#   1. runs the kernel tests at real shapes (tests/kernels/test_minimax_m3_triton_msa.py
+#      and the FP8 scale-mode test), pytest's report in $OUT/kernel_tests.log;
+#   2. runs ci/bench_msa.py (BENCH_ARGS, default: the table) with the time left,
+#      results in $OUT/bench_msa.{json,md} and its log in $OUT/bench.log.
+# Env: BUDGET_S (default 570, the call's wall limit), TESTS_S (default 300, pytest's
+# share), GIT_COMMIT (recorded by the bench), BENCH_ARGS.
+#   GIT_COMMIT=$(git rev-parse --short HEAD) bash ci/gpu_kernel_job.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}; mkdir -p "$OUT"
+BUDGET_S=${BUDGET_S:-570}
+TESTS_S=${TESTS_S:-300}
+T0=$(date +%s)
+left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+
+shim=$(mktemp -d)
+ops=vllm_overlay/vllm/models/minimax_m3/common/triton_ops
+mkdir -p "$shim/vllm/models/minimax_m3/common"
+for d in vllm vllm/models vllm/models/minimax_m3 vllm/models/minimax_m3/common; do
+  : > "$shim/$d/__init__.py"
+done
+cp -r "$ops" "$shim/vllm/models/minimax_m3/common/triton_ops"
+# the PyTorch reference ops (torch only), which the kernel tests compare against
+cp vllm_overlay/vllm/models/minimax_m3/common/sparse_ops.py "$shim/vllm/models/minimax_m3/common/"
+if python3 -c "import vllm" 2>/dev/null && [ -z "${PYTHONPATH:-}" ]; then
+  echo "note: an installed vllm is shadowed by the stub for this job"
+fi
+export PYTHONPATH="$shim"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
+  torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
+
+if [ "${TESTS_S}" -gt 0 ]; then
+  timeout -s INT "$TESTS_S" python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/kernels/test_minimax_m3_triton_msa.py \
+    vllm_overlay/tests/kernels/test_minimax_m3_sparse_attn_fp8_scale.py \
+    > "$OUT/kernel_tests.log" 2>&1
+  echo "kernel tests rc=$? ($(( $(date +%s) - T0 )) s)"
+  tail -5 "$OUT/kernel_tests.log"
+fi
+
+budget=$(( $(left) - 10 ))
+if [ "$budget" -gt 30 ]; then
+  OUT="$OUT" timeout -s TERM "$budget" python3 ci/bench_msa.py ${BENCH_ARGS:-} \
+    > "$OUT/bench.log" 2>&1
+  echo "bench rc=$? ($(( $(date +%s) - T0 )) s)"
+else
+  echo "no time left for the bench"
+fi
+rm -rf "$shim"
