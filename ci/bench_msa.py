@@ -697,7 +697,7 @@ def distinct_per_tile(sel, tm):
 
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
-               "prefill_index_shapes")
+               "prefill_index_shapes", "pdl")
 
 
 def sweep(timer, dev, kinds=SWEEP_KINDS):
@@ -707,7 +707,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
     index_block_topk, block_sparse_attention, _ = load_kernels()
     runners = dict(decode=sweep_decode, prefill_index=sweep_prefill_index,
                    prefill_tiles=sweep_prefill_tiles, prefill_attn=sweep_prefill_attn,
-                   fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes)
+                   fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
+                   pdl=sweep_pdl)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -765,6 +766,36 @@ def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
                             tune=tune, fused_merge=fused, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
+    return out
+
+
+def sweep_pdl(timer, dev, index_block_topk, block_sparse_attention):
+    """The decode chain (index + top-k + attention) with and without
+    programmatic dependent launch, by batch size (the default rule's
+    threshold), bf16 and fp8 KV."""
+    out = []
+    for ctx in (8192, 32768):
+        for batch in (1, 2, 4, 8, 16, 32):
+            for kv_mode in (0, 1):
+                bt = Batch([ctx] * batch, 1, kv_mode, dev)
+                sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+                o = torch.empty_like(bt.q)
+                for pdl in (False, True):
+                    tune = dict(pdl=pdl)
+
+                    def total(tune=tune):
+                        index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                         bt.token_pos, B, TOPK, out=sel,
+                                         num_decode_tokens=bt.T, _tune=tune)
+                        block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                               bt.token_pos, sel, B, D ** -0.5, kv_mode,
+                                               bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
+                                               _tune=tune)
+                    t = timer.time_fn(total)
+                    out.append(dict(kind="pdl", context=ctx, batch=batch, kv_mode=kv_mode,
+                                    pdl=pdl, us=t))
+                    print(f"[sweep] {out[-1]}", flush=True)
+                del bt
     return out
 
 
