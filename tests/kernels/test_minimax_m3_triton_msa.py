@@ -606,6 +606,30 @@ def test_msa_pipeline_end_to_end(dtype):
                                msg=lambda m: f"[seed {seed}] {m}")
 
 
+def test_pdl_switch_and_rule(monkeypatch):
+    """VLLM_MINIMAX_M3_PDL: 1 always, 0 never, unset for launches of at most
+    PDL_MAX_TOKENS tokens; a clear error otherwise; ``_tune["pdl"]`` wins; never
+    where PDL is unsupported (CPU, ROCm, the interpreter, before sm90)."""
+    from vllm.models.minimax_m3.common.triton_ops import _utils
+    name = "VLLM_MINIMAX_M3_PDL"
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(_utils, "pdl_supported", lambda device: device.type == "cuda")
+    monkeypatch.delenv(name, raising=False)
+    n = _utils.PDL_MAX_TOKENS
+    assert _utils.use_pdl(cuda, {}, 1) and _utils.use_pdl(cuda, {}, n)
+    assert not _utils.use_pdl(cuda, {}, n + 1)
+    assert _utils.use_pdl(cuda, {"pdl": True}, 4 * n)
+    assert not _utils.use_pdl(cuda, {"pdl": False}, 1)
+    monkeypatch.setenv(name, "1")
+    assert _utils.use_pdl(cuda, {}, 4 * n)
+    monkeypatch.setenv(name, "0")
+    assert not _utils.use_pdl(cuda, {}, 1)
+    assert not _utils.use_pdl(torch.device("cpu"), {"pdl": True}, 1)
+    monkeypatch.setenv(name, "yes")
+    with pytest.raises(ValueError, match=f"{name} must be 0 or 1"):
+        _utils.use_pdl(cuda, {}, 1)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA GPU "
                     "(sm90+); on the H200: ci/gpu_series_tests.sh kernels")
 def test_decode_chain_pdl_in_cuda_graph():

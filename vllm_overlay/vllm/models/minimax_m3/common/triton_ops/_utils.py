@@ -69,15 +69,24 @@ def num_sms(device: torch.device) -> int:
     return 4
 
 
-def pdl_env() -> bool:
-    """``VLLM_MINIMAX_M3_PDL`` (default 0): launch the decode kernel chain
-    (index scoring, top-k select, attention, split merge) with programmatic
-    dependent launch, so each kernel's programs start and read their static
-    inputs while the previous kernel finishes."""
+# H200 (ci/bench_msa.py --sweep-kinds pdl, run 8): the decode chain with PDL
+# takes 16.4 vs 19.0 us at batch 1 x 8k, 20.6 vs 23.3 at 1 x 32k, 26.6 vs 27.7
+# at 8 x 8k; even at 16 and within +-2% at 32 (where the chain is bytes-bound)
+PDL_MAX_TOKENS = 8
+
+
+def pdl_env() -> bool | None:
+    """``VLLM_MINIMAX_M3_PDL``: 1 launches the decode kernel chain (index
+    scoring, top-k select, attention, split merge) with programmatic dependent
+    launch (each kernel's programs start and read their static inputs while
+    the previous kernel finishes), 0 never; unset (None): for launches of at
+    most ``PDL_MAX_TOKENS`` tokens."""
     name = "VLLM_MINIMAX_M3_PDL"
-    value = os.environ.get(name, "0")
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
     if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+        raise ValueError(f"{name} must be 0 or 1 (unset: small batches), got {value!r}")
     return value == "1"
 
 
@@ -95,10 +104,13 @@ def pdl_supported(device: torch.device) -> bool:
     return _cuda_major(idx) >= 9
 
 
-def use_pdl(device: torch.device, tune: dict) -> bool:
-    """PDL for this launch: ``tune["pdl"]`` if given (benchmarks; ignored
-    where unsupported), else ``VLLM_MINIMAX_M3_PDL``."""
+def use_pdl(device: torch.device, tune: dict, tokens: int) -> bool:
+    """PDL for a launch over ``tokens`` query tokens: ``tune["pdl"]`` if given
+    (benchmarks; ignored where unsupported), else ``VLLM_MINIMAX_M3_PDL``, else
+    ``tokens <= PDL_MAX_TOKENS``."""
     want = tune.get("pdl") if "pdl" in tune else pdl_env()
+    if want is None:
+        want = tokens <= PDL_MAX_TOKENS
     return bool(want) and pdl_supported(device)
 
 

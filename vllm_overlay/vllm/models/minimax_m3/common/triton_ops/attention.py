@@ -231,7 +231,7 @@ def block_sparse_attention(
         part_lse = torch.empty((T, HQ, splits), dtype=torch.float32, device=device)
         o_ptr, ost = out, (HQ, 1)
     fused = fused_merge and splits > 1
-    pdl = use_pdl(device, tune)
+    pdl = use_pdl(device, tune, T)
     pdl_kw = {"launch_pdl": True} if pdl else {}
     counters = arrival_counters(device, "attention_merge", T * HKV) if fused else dummy
     sparse_attn_fwd_kernel[(T, HKV, splits)](

@@ -174,7 +174,7 @@ def index_block_topk(
         else:
             bpp = int(blocks_per_prog)
         H_PAD = max(16, next_pow2(H))
-        pdl = use_pdl(device, tune)
+        pdl = use_pdl(device, tune, nd)
         pdl_kw = {"launch_pdl": True} if pdl else {}
         scores = torch.empty((nd, H, max_blocks), dtype=torch.float32, device=device)
         grid = (cdiv(max_blocks, bpp), nd)
