@@ -686,6 +686,47 @@ def launch_floor(timer, dev):
     return res
 
 
+def l2_read_bandwidth(timer, dev, sizes_mib=(8, 16, 24, 32)):
+    """Measured ceiling of reads served by L2: a Triton kernel whose programs
+    each read their slice of a buffer that fits in L2 ``REPS`` times over
+    (16-byte vector loads, summed so the loads stay), warm, CUDA-graph replay;
+    GB/s of bytes read per buffer size.  The per-token prefill attention reads
+    each selected block's K/V once per token, so this bounds it."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _reread(x_ptr, out_ptr, n_per_prog, REPS: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        base = x_ptr + pid.to(tl.int64) * n_per_prog
+        acc = tl.zeros([BLOCK], tl.float32)
+        for _ in range(REPS):
+            for i in range(0, n_per_prog, BLOCK):
+                acc += tl.load(base + i + tl.arange(0, BLOCK)).to(tl.float32)
+        tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+    progs = 4 * torch.cuda.get_device_properties(dev).multi_processor_count
+    reps, block = 16, 2048
+    res = {}
+    for mib in sizes_mib:
+        n_per_prog = (mib << 20) // 2 // progs // block * block
+        x = torch.randn(progs * n_per_prog, device=dev).to(torch.bfloat16)
+        out = torch.empty(progs * block, device=dev)
+        g = timer.graph(lambda: _reread[(progs,)](x, out, n_per_prog, REPS=reps, BLOCK=block,
+                                                  num_warps=8))
+        t_us = timer.time_graph(g, flush=False)
+        res[f"{mib}MiB_GBps"] = x.numel() * 2 * reps / (t_us * 1e-6) / 1e9
+        print(f"[l2] {mib} MiB x {reps}: {t_us:.1f} us, {res[f'{mib}MiB_GBps']:.0f} GB/s",
+              flush=True)
+        del x, out
+    return res
+
+
+def sweep_l2(timer, dev, index_block_topk, block_sparse_attention):
+    """The L2 read ceiling (``l2_read_bandwidth``) as a sweep entry."""
+    return [dict(kind="l2_read", **l2_read_bandwidth(timer, dev))]
+
+
 def distinct_per_tile(sel, tm):
     """Mean number of distinct selected blocks (first index head) per tile of
     ``tm`` consecutive tokens: what the token-tiled attention reads per tile
@@ -697,7 +738,7 @@ def distinct_per_tile(sel, tm):
 
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
-               "prefill_index_shapes", "pdl")
+               "prefill_index_shapes", "pdl", "l2", "prefill_index_wide")
 
 
 def sweep(timer, dev, kinds=SWEEP_KINDS):
@@ -708,7 +749,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
     runners = dict(decode=sweep_decode, prefill_index=sweep_prefill_index,
                    prefill_tiles=sweep_prefill_tiles, prefill_attn=sweep_prefill_attn,
                    fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
-                   pdl=sweep_pdl)
+                   pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -826,6 +867,31 @@ def sweep_prefill_index(timer, dev, index_block_topk, block_sparse_attention):
                 same, t = None, repr(e)[:200]
             out.append(dict(kind="prefill_index", context=ctx, context_splits=splits,
                             tune=tune, ids_equal_default=same, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def sweep_prefill_index_wide(timer, dev, index_block_topk, block_sparse_attention):
+    """Prefill index with 256 query rows per program (each key tile feeds
+    twice the rows) against the default 128, 8192-token chunk at 128k / 32k."""
+    out = []
+    for ctx in (131072, 32768):
+        bt = Batch([ctx], 8192, 0, dev)
+        ref = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos,
+                               B, TOPK, num_decode_tokens=0)
+        for tune in (None, dict(BLOCK_M=256, num_warps=8), dict(BLOCK_M=256, num_warps=4),
+                     dict(BLOCK_M=128, num_warps=8), dict(BLOCK_M=128, num_warps=4, num_stages=1)):
+            def run():
+                return index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                        bt.token_pos, B, TOPK, num_decode_tokens=0, _tune=tune)
+            try:
+                same = bool(torch.equal(run().sort(-1).values, ref.sort(-1).values))
+                t = timer.time_fn(run)
+            except Exception as e:  # noqa: BLE001
+                same, t = None, repr(e)[:200]
+            out.append(dict(kind="prefill_index_wide", context=ctx, tune=tune,
+                            ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
@@ -1025,8 +1091,8 @@ def to_markdown(res):
     L += ["", "## Prefill, chunk of 8192 at the end of the context (milliseconds)", "",
           "attention = the engine's launch (token tile TM by the context-length rule, "
           "0 = one token per program); dense = SDPA with a lower-right causal mask; "
-          "dense flash = SDPA `is_causal` on the flash backend (chunk = context only).", "",
-          "| context | KV | index+top-k | TM | attention | total | dense | dense flash "
+          "dense FA2 = SDPA `is_causal` forced onto its flash (FlashAttention-2) backend (chunk = context only; the default backend choice is faster).", "",
+          "| context | KV | index+top-k | TM | attention | total | dense | dense FA2 "
           "| attention per token | attention TFLOP/s "
           "| attention fp8 unfolded | attention tiled 2 | attention tiled 4 | attention tiled 8 |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
