@@ -40,7 +40,7 @@ ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_cp", "stride_ckv", "stride_cs"
                 "stride_kp", "stride_ks")
 
 
-def compile_kernel(kernel, pointers, constexprs, num_warps):
+def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
     # constexpr parameters left out take their defaults, as at a launch
     constexprs = dict({p.name: p.default for p in kernel.params
                        if p.is_constexpr and p.has_default}, **constexprs)
@@ -51,8 +51,30 @@ def compile_kernel(kernel, pointers, constexprs, num_warps):
              if n not in constexprs and (n in pointers or n in ALIGNED_INTS)}
     compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs,
                                         attrs=attrs),
-                              target=TARGET, options=dict(num_warps=num_warps, num_stages=2))
+                              target=TARGET, options=dict(
+                                  num_warps=num_warps,
+                                  # the register double buffer launches without the pipeliner
+                                  num_stages=num_stages or (
+                                      1 if constexprs.get("PREFETCH_KV") else 2)))
+    print(f"  {kernel.fn.__name__}: {resource_usage(compiled.asm['ptx'])}, "
+          f"{compiled.metadata.shared} B shared", flush=True)
     return compiled.asm["cubin"]
+
+
+def resource_usage(ptx: str) -> str:
+    """ptxas's register and spill report for the kernel (the triton wheel's ptxas)."""
+    import subprocess
+    import tempfile
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        res = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src,
+                              "-o", os.path.join(d, "k.cubin")], capture_output=True, text=True)
+    lines = [ln.split("info    : ")[-1] for ln in (res.stdout + res.stderr).splitlines()
+             if "registers" in ln or "spill" in ln]
+    return "; ".join(lines) or "ptxas said nothing"
 
 
 def main():
@@ -72,6 +94,13 @@ def main():
                                           FUSED_MERGE=True, S_PAD=4, PREFETCH_ROWS=False), 4),
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1,
                                           FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=True), 4),
+            # the next key tile's K/V loaded into registers ahead (num_stages 1)
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=2, NUM_SPLITS=8,
+                                          FUSED_MERGE=False, S_PAD=8, PREFETCH_ROWS=False,
+                                          PREFETCH_KV=True), 4),
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1, BLOCK_N=64,
+                                          FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=False,
+                                          PREFETCH_KV=True), 4),
             # decode launch with programmatic dependent launch (griddepcontrol)
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=2, NUM_SPLITS=8,
                                           FUSED_MERGE=False, S_PAD=8, PREFETCH_ROWS=False,

@@ -25,4 +25,5 @@ def test_attention_kernels_compile_for_sm90():
     res = subprocess.run([sys.executable, str(HERE / "sm90_compile.py")], env=env,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    assert "ok 26 kernels" in res.stdout, res.stdout[-3000:]
+    # every variant the script lists compiled (it counts them)
+    assert "ok 44 kernels" in res.stdout, res.stdout[-3000:]
