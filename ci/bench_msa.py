@@ -738,7 +738,7 @@ def distinct_per_tile(sel, tm):
 
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
-               "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "prefetch_kv")
+               "prefill_index_shapes", "pdl", "l2", "prefill_index_wide")
 
 
 def sweep(timer, dev, kinds=SWEEP_KINDS):
@@ -749,8 +749,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
     runners = dict(decode=sweep_decode, prefill_index=sweep_prefill_index,
                    prefill_tiles=sweep_prefill_tiles, prefill_attn=sweep_prefill_attn,
                    fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
-                   pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide,
-                   prefetch_kv=sweep_prefetch_kv)
+                   pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -870,54 +869,6 @@ def sweep_prefill_index(timer, dev, index_block_topk, block_sparse_attention):
                             tune=tune, ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
-    return out
-
-
-def sweep_prefetch_kv(timer, dev, index_block_topk, block_sparse_attention):
-    """The per-token attention with the next key tile's K/V loaded into
-    registers ahead (``prefetch_kv``, a register double buffer) against the
-    default, decode (batch 1 and 32) and prefill (8192-token chunk at 32k),
-    bf16 and fp8 KV; each variant's output is compared with the default's."""
-    out = []
-    cases = [("decode", 1, 8192), ("decode", 32, 8192), ("decode", 32, 32768),
-             ("prefill", 1, 32768)]
-    variants = [(None, None), (None, dict(prefetch_kv=True, BLOCK_N=64)),
-                (None, dict(prefetch_kv=True, BLOCK_N=128, num_warps=8)),
-                (None, dict(prefetch_kv=True, BLOCK_N=64, num_warps=8)),
-                (4, dict(prefetch_kv=True, BLOCK_N=64)), (4, None)]
-    for phase, batch, ctx in cases:
-        for kv_mode in (0, 1):
-            new = 1 if phase == "decode" else 8192
-            bt = Batch([ctx] * batch, new, kv_mode, dev)
-            sel = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
-                                   bt.token_pos, B, TOPK,
-                                   num_decode_tokens=bt.T if phase == "decode" else 0)
-            ref = torch.empty_like(bt.q)
-            o = torch.empty_like(bt.q)
-            for splits, tune in variants:
-                if phase == "prefill" and splits:
-                    continue
-
-                def run(o=o, splits=splits, tune=tune):
-                    return block_sparse_attention(
-                        bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
-                        D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
-                        num_splits=splits, _tune=tune, token_tile=0)
-                try:
-                    if splits is None and tune is None:
-                        run(o=ref)
-                    o.fill_(float("nan"))
-                    run()
-                    torch.cuda.synchronize()
-                    diff = float((o.float() - ref.float()).abs().max())
-                    t = timer.time_fn(run)
-                except Exception as e:  # noqa: BLE001
-                    diff, t = None, repr(e)[:200]
-                out.append(dict(kind="prefetch_kv", phase=phase, batch=batch, context=ctx,
-                                kv_mode=kv_mode, num_splits=splits, tune=tune,
-                                max_diff=diff, us=t))
-                print(f"[sweep] {out[-1]}", flush=True)
-            del bt
     return out
 
 

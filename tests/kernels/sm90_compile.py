@@ -52,10 +52,7 @@ def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
     compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs,
                                         attrs=attrs),
                               target=TARGET, options=dict(
-                                  num_warps=num_warps,
-                                  # the register double buffer launches without the pipeliner
-                                  num_stages=num_stages or (
-                                      1 if constexprs.get("PREFETCH_KV") else 2)))
+                                  num_warps=num_warps, num_stages=num_stages or 2))
     print(f"  {kernel.fn.__name__}: {resource_usage(compiled.asm['ptx'])}, "
           f"{compiled.metadata.shared} B shared", flush=True)
     return compiled.asm["cubin"]
@@ -94,13 +91,6 @@ def main():
                                           FUSED_MERGE=True, S_PAD=4, PREFETCH_ROWS=False), 4),
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1,
                                           FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=True), 4),
-            # the next key tile's K/V loaded into registers ahead (num_stages 1)
-            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=2, NUM_SPLITS=8,
-                                          FUSED_MERGE=False, S_PAD=8, PREFETCH_ROWS=False,
-                                          PREFETCH_KV=True), 4),
-            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1, BLOCK_N=64,
-                                          FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=False,
-                                          PREFETCH_KV=True), 4),
             # decode launch with programmatic dependent launch (griddepcontrol)
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=2, NUM_SPLITS=8,
                                           FUSED_MERGE=False, S_PAD=8, PREFETCH_ROWS=False,

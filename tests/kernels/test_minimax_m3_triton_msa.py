@@ -508,9 +508,8 @@ def test_block_sparse_attention_token_tiles(case, selection):
 
 @pytest.mark.parametrize("case", ["short", "mixed"])
 def test_block_sparse_attention_prefetch_rows(case):
-    """``_tune={"prefetch_rows": True}`` / ``{"prefetch_kv": True}``: the
-    per-token kernel that resolves the next key tile's slot and pages (and
-    loads its K/V) one tile ahead equals the oracle, every
+    """``_tune={"prefetch_rows": True}``: the per-token kernel that resolves
+    the next key tile's slot and pages one tile ahead equals the oracle, every
     KV scale mode, with one and with several key tiles per sparse block and
     with the selection split over programs."""
     seed = _seed()
@@ -525,17 +524,15 @@ def test_block_sparse_attention_prefetch_rows(case):
         ref = ref_attention(batch, q, deq, sel, B, scale)
         atol, rtol = tol(dtype)
         atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
-        for block_n, splits, opt in ((B, 1, "prefetch_rows"), (B // 2, 1, "prefetch_rows"),
-                                     (B // 2, 2, "prefetch_rows"), (B, 1, "prefetch_kv"),
-                                     (B // 2, 1, "prefetch_kv"), (B // 2, 2, "prefetch_kv")):
+        for block_n, splits in ((B, 1), (B // 2, 1), (B // 2, 2)):
             out = torch.full_like(q, float("nan"))
             got = block_sparse_attention(
                 q, kv, batch.block_table, batch.token_req, batch.token_pos, sel, B, scale,
                 mode, ks, vs, kvs, fold_scalar_scales=fold, out=out, num_splits=splits,
-                _tune={opt: True, "BLOCK_N": block_n})
+                _tune=dict(prefetch_rows=True, BLOCK_N=block_n))
             torch.testing.assert_close(
                 got.double(), ref, atol=atol, rtol=rtol,
-                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} {opt} BLOCK_N {block_n} "
+                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} BLOCK_N {block_n} "
                               f"splits {splits}] {m}")
 
 

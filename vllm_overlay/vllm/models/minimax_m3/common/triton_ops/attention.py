@@ -140,9 +140,7 @@ def block_sparse_attention(
         num_stages; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
         until the H200 says it pays; ``pdl``: programmatic dependent launch of
-        the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL;
-        ``prefetch_kv``: the per-token kernel loads the next key tile's K/V
-        into registers before this tile's math, off until measured).
+        the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -234,7 +232,6 @@ def block_sparse_attention(
         o_ptr, ost = out, (HQ, 1)
     fused = fused_merge and splits > 1
     pdl = use_pdl(device, tune, T)
-    prefetch_kv = bool(tune.get("prefetch_kv", False))
     pdl_kw = {"launch_pdl": True} if pdl else {}
     counters = arrival_counters(device, "attention_merge", T * HKV) if fused else dummy
     sparse_attn_fwd_kernel[(T, HKV, splits)](
@@ -256,9 +253,7 @@ def block_sparse_attention(
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
         PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), PDL=pdl,
-        PREFETCH_KV=prefetch_kv,
-        num_warps=tune.get("num_warps", 4),
-        num_stages=tune.get("num_stages", 1 if prefetch_kv else 2), **pdl_kw,
+        num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2), **pdl_kw,
     )
     if splits > 1 and not fused:
         sparse_attn_merge_kernel[(T, HQ)](

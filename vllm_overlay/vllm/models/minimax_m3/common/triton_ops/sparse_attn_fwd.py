@@ -35,8 +35,6 @@ Layouts (element strides):
                    (strides ``stride_fot``, ``stride_foh``).  One launch, no
                    merge kernel.
 Rows with no visible key produce zeros.
-PREFETCH_KV (a launch-shape option, num_stages=1): the next key tile's K/V are
-loaded into registers before this tile's math (a register double buffer).
 PDL (programmatic dependent launch, CUDA sm90+, decode): the program lets the
 next launch start, reads its query, position and request, then waits for the
 previous launch (the top-k selection) to complete before anything else.
@@ -70,7 +68,6 @@ def sparse_attn_fwd_kernel(
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 2,
     PREFETCH_ROWS: tl.constexpr = False, PDL: tl.constexpr = False,
-    PREFETCH_KV: tl.constexpr = False,
 ):
     if PDL:
         tl_cuda.gdc_launch_dependents()
@@ -105,29 +102,7 @@ def sparse_attn_fwd_kernel(
 
     slot_lo = split * SLOTS
     slot_hi = tl.minimum(slot_lo + SLOTS, TOPK)
-    if PREFETCH_KV:
-        # register double buffer: the next key tile's selection slot, pages and
-        # K/V loads are issued before this tile's math, so their latency
-        # overlaps it (launched without Triton's pipeliner, num_stages=1)
-        it_lo = slot_lo * (SPARSE_BLOCK // BLOCK_N)
-        it_hi = slot_hi * (SPARSE_BLOCK // BLOCK_N)
-        row, srow, kvalid = key_tile_rows(
-            topk_row, bt_row, it_lo, it_hi, pos, offs_n, stride_cp, stride_cs,
-            stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE)
-        k, v, ksc, vsc = load_key_rows(
-            k_base, v_base, kvs_ptr, row, srow, kvalid, offs_d, dmask, g,
-            k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
-        for it in range(it_lo, it_hi):
-            row_n, srow_n, kvalid_n = key_tile_rows(
-                topk_row, bt_row, it + 1, it_hi, pos, offs_n, stride_cp, stride_cs,
-                stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE)
-            k_n, v_n, ksc_n, vsc_n = load_key_rows(
-                k_base, v_base, kvs_ptr, row_n, srow_n, kvalid_n, offs_d, dmask, g,
-                k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
-            m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc, qk_scale,
-                                            ksc, vsc, SCALE_MODE, IEEE)
-            k, v, ksc, vsc, kvalid = k_n, v_n, ksc_n, vsc_n, kvalid_n
-    elif PREFETCH_ROWS:
+    if PREFETCH_ROWS:
         # one loop over key tiles; the next tile's selection and block-table
         # loads are issued before this tile's K/V loads and math
         it_lo = slot_lo * (SPARSE_BLOCK // BLOCK_N)
