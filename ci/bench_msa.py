@@ -738,7 +738,7 @@ def distinct_per_tile(sel, tm):
 
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
-               "prefill_index_shapes", "pdl", "l2", "prefill_index_wide")
+               "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused")
 
 
 def sweep(timer, dev, kinds=SWEEP_KINDS):
@@ -749,7 +749,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
     runners = dict(decode=sweep_decode, prefill_index=sweep_prefill_index,
                    prefill_tiles=sweep_prefill_tiles, prefill_attn=sweep_prefill_attn,
                    fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
-                   pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide)
+                   pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide,
+                   pdl_fused=sweep_pdl_fused)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -837,6 +838,46 @@ def sweep_pdl(timer, dev, index_block_topk, block_sparse_attention):
                                     pdl=pdl, us=t))
                     print(f"[sweep] {out[-1]}", flush=True)
                 del bt
+    return out
+
+
+def sweep_pdl_fused(timer, dev, index_block_topk, block_sparse_attention):
+    """Small decode batches: the two-launch chain (four kernels) and the
+    one-launch variants (fused select + fused merge: two kernels), each with
+    and without programmatic dependent launch, bf16 KV; selections and
+    outputs checked against the plain chain."""
+    out = []
+    for ctx in (8192, 32768, 131072):
+        for batch in (1, 4, 8):
+            bt = Batch([ctx] * batch, 1, 0, dev)
+            ref_sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+            ref_o = torch.empty_like(bt.q)
+            sel = torch.empty_like(ref_sel)
+            o = torch.empty_like(ref_o)
+            for fused, pdl in ((False, False), (False, True), (True, False), (True, True)):
+                def chain(sel=sel, o=o, fused=fused, pdl=pdl):
+                    index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                     bt.token_pos, B, TOPK, out=sel, num_decode_tokens=bt.T,
+                                     fused_select=fused, _tune=dict(pdl=pdl))
+                    block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                           bt.token_pos, sel, B, D ** -0.5, out=o,
+                                           fused_merge=fused, _tune=dict(pdl=pdl))
+                try:
+                    if not fused and not pdl:
+                        chain(sel=ref_sel, o=ref_o)
+                    sel.fill_(-7)
+                    o.fill_(float("nan"))
+                    chain()
+                    torch.cuda.synchronize()
+                    same = bool(torch.equal(sel, ref_sel))
+                    diff = float((o.float() - ref_o.float()).abs().max())
+                    t = timer.time_fn(chain)
+                except Exception as e:  # noqa: BLE001
+                    same, diff, t = None, None, repr(e)[:200]
+                out.append(dict(kind="pdl_fused", context=ctx, batch=batch, one_launch=fused,
+                                pdl=pdl, ids_equal=same, max_diff=diff, us=t))
+                print(f"[sweep] {out[-1]}", flush=True)
+            del bt
     return out
 
 

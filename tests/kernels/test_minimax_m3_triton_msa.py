@@ -632,11 +632,13 @@ def test_pdl_switch_and_rule(monkeypatch):
 
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA GPU "
                     "(sm90+); on the H200: ci/gpu_series_tests.sh kernels")
-def test_decode_chain_pdl_in_cuda_graph():
-    """The decode chain (index scoring, top-k select, attention, merge) with
-    programmatic dependent launch, captured in one CUDA graph and replayed on
-    fresh queries: every replay equals the chain launched without PDL, so each
-    kernel waited for the selection / partials of the one before it."""
+@pytest.mark.parametrize("one_launch", [False, True])
+def test_decode_chain_pdl_in_cuda_graph(one_launch):
+    """The decode chain (index scoring, top-k select, attention, merge; with
+    ``one_launch`` the select and the merge fused into the launches before
+    them) with programmatic dependent launch, captured in one CUDA graph and
+    replayed on fresh queries: every replay equals the chain launched without
+    PDL, so each kernel waited for the selection / partials before it."""
     from vllm.models.minimax_m3.common.triton_ops._utils import pdl_supported
     if not pdl_supported(DEVICE):
         pytest.skip("needs sm90+ with Triton grid dependency control")
@@ -652,9 +654,10 @@ def test_decode_chain_pdl_in_cuda_graph():
 
     def chain(sel, out, tune):
         index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos, B,
-                         topk, out=sel, num_decode_tokens=batch.T, _tune=tune)
+                         topk, out=sel, num_decode_tokens=batch.T, fused_select=one_launch,
+                         _tune=tune)
         block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos, sel,
-                               B, D ** -0.5, out=out, _tune=tune)
+                               B, D ** -0.5, out=out, fused_merge=one_launch, _tune=tune)
 
     idx_q.normal_()
     q.normal_()
@@ -674,6 +677,8 @@ def test_decode_chain_pdl_in_cuda_graph():
         torch.cuda.synchronize()
         assert torch.equal(sel, ref_sel), f"[seed {seed} replay {rep}] selections differ"
         assert torch.equal(out, ref_out), f"[seed {seed} replay {rep}] outputs differ"
+    if one_launch:
+        assert_counters_zero()
 
 
 def test_block_sparse_attention_bad_input():
