@@ -617,6 +617,25 @@ def bench(args):
                         row[f"tiled{tm}_max_diff"] = float((o_t.float() - o.float()).abs().max())
                         row[f"attention_tiled{tm}_ms"] = timer.time_fn(attn_tiled) / 1e3
                     row["tile4_distinct_blocks"] = distinct_per_tile(sel, 4)
+                    # block-major: pairs grouped by block on the device, up to BM
+                    # (token, slot) pairs of one block per program, merged per token
+                    for bm in (4, 8):
+                        o_b = torch.full_like(o, float("nan"))
+
+                        def attn_bm(bm=bm, o_b=o_b):
+                            block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                                   bt.token_pos, sel, B, D ** -0.5, kv_mode,
+                                                   bt.k_scale, bt.v_scale, bt.kv_scales,
+                                                   out=o_b, block_major=bm)
+                        try:
+                            attn_bm()
+                            attn(0)
+                            torch.cuda.synchronize()
+                            row[f"block_major{bm}_max_diff"] = float(
+                                (o_b.float() - o.float()).abs().max())
+                            row[f"attention_block_major{bm}_ms"] = timer.time_fn(attn_bm) / 1e3
+                        except Exception:  # noqa: BLE001 -- kernels that predate it
+                            row[f"block_major{bm}_error"] = traceback.format_exc()[-400:]
                     # prefill-like selections: index queries shared by 256-token windows
                     # (plus noise), so neighbouring tokens choose mostly the same blocks,
                     # as real text does; random index queries (above) are the worst case
@@ -738,7 +757,8 @@ def distinct_per_tile(sel, tm):
 
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
-               "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused")
+               "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
+               "block_major")
 
 
 def sweep(timer, dev, kinds=SWEEP_KINDS):
@@ -750,7 +770,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    prefill_tiles=sweep_prefill_tiles, prefill_attn=sweep_prefill_attn,
                    fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
                    pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide,
-                   pdl_fused=sweep_pdl_fused)
+                   pdl_fused=sweep_pdl_fused, block_major=sweep_block_major)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -986,6 +1006,47 @@ def sweep_prefill_tiles(timer, dev, index_block_topk, block_sparse_attention):
     return out
 
 
+def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
+    """Block-major prefill attention (``block_major`` pairs per program, warps)
+    against one token per program and the context-length rule, an 8192-token
+    chunk at the end of 8k-128k contexts, the index's own selections, bf16 and
+    fp8 KV; each variant's output is compared with one token per program's."""
+    out = []
+    for ctx in (8192, 32768, 131072):
+        for kv_mode in (0, 1):
+            bt = Batch([ctx], 8192, kv_mode, dev)
+            sel = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                   bt.token_pos, B, TOPK, num_decode_tokens=0)
+            ref = torch.empty_like(bt.q)
+            o = torch.empty_like(bt.q)
+            rule = default_token_tile(block_sparse_attention, ctx, kv_mode != 0)
+            for name, kw in (("per_token", dict(token_tile=0)),
+                             ("rule", dict(token_tile=rule)),
+                             ("bm4", dict(block_major=4)), ("bm8", dict(block_major=8)),
+                             ("bm16", dict(block_major=16)),
+                             ("bm8_w4", dict(block_major=8, _tune=dict(num_warps=4))),
+                             ("bm4_w8", dict(block_major=4, _tune=dict(num_warps=8)))):
+                def run(o=o, kw=kw):
+                    return block_sparse_attention(
+                        bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
+                        D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None, out=o, **kw)
+                try:
+                    if name == "per_token":
+                        run(o=ref)
+                    o.fill_(float("nan"))
+                    run()
+                    torch.cuda.synchronize()
+                    diff = float((o.float() - ref.float()).abs().max())
+                    t = timer.time_fn(run)
+                except Exception as e:  # noqa: BLE001
+                    diff, t = None, repr(e)[:200]
+                out.append(dict(kind="block_major", context=ctx, kv_mode=kv_mode, variant=name,
+                                max_diff=diff, us=t))
+                print(f"[sweep] {out[-1]}", flush=True)
+            del bt
+    return out
+
+
 def sweep_prefill_attn(timer, dev, index_block_topk, block_sparse_attention):
     """Prefill attention key tiles, warps, stages and prefetch_rows."""
     out = []
@@ -1135,8 +1196,9 @@ def to_markdown(res):
           "dense FA2 = SDPA `is_causal` forced onto its flash (FlashAttention-2) backend (chunk = context only; the default backend choice is faster).", "",
           "| context | KV | index+top-k | TM | attention | total | dense | dense FA2 "
           "| attention per token | attention TFLOP/s "
-          "| attention fp8 unfolded | attention tiled 2 | attention tiled 4 | attention tiled 8 |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| attention fp8 unfolded | attention tiled 2 | attention tiled 4 | attention tiled 8 "
+          "| attention block-major 4 | attention block-major 8 |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("prefill", []):
         L.append(f"| {r['context'] // 1024}k | {r['kv']} | {_f(r.get('index_topk_ms'), 3)} | "
                  f"{r.get('token_tile_rule', 0)} | "
@@ -1147,7 +1209,11 @@ def to_markdown(res):
                  f"{_f(r.get('attention_unfolded_ms'), 3)} | "
                  + " | ".join(_f(r.get(f"attention_tiled{tm}_ms"), 3)
                               + ("" if r.get(f"tiled{tm}_max_diff", 0.0) < 2e-2 else " (DIFFERS)")
-                              for tm in (2, 4, 8)) + " |"
+                              for tm in (2, 4, 8)) + " | "
+                 + " | ".join(_f(r.get(f"attention_block_major{bm}_ms"), 3)
+                              + ("" if r.get(f"block_major{bm}_max_diff", 0.0) < 2e-2
+                                 else " (DIFFERS)")
+                              for bm in (4, 8)) + " |"
                  + (" ERROR |" if "error" in r else ""))
     return "\n".join(L) + "\n"
 

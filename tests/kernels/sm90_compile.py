@@ -25,6 +25,8 @@ from vllm.models.minimax_m3.common.triton_ops.index_topk_select import (  # noqa
     block_topk_select_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_merge import (  # noqa: E402
     sparse_attn_merge_kernel)
+from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major import (  # noqa: E402
+    sparse_attn_block_major_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_fwd import (  # noqa: E402
     sparse_attn_fwd_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_tiled import (  # noqa: E402
@@ -81,7 +83,9 @@ def main():
                     bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32", topk_ptr="*i32",
                     out_ptr="*bf16", part_o_ptr="*fp32", part_lse_ptr="*fp32",
                     k_scale_ptr="*fp32", v_scale_ptr="*fp32", kvs_ptr="*fp32",
-                    cnt_ptr="*i32")
+                    cnt_ptr="*i32", pair_tok_ptr="*i32", pair_slot_ptr="*i32",
+                    tile_first_ptr="*i32", tile_count_ptr="*i32", tile_block_ptr="*i32",
+                    tile_head_ptr="*i32")
         shape = dict(G=16, G_PAD=16, D=128, D_PAD=128, SPARSE_BLOCK=128, BLOCK_N=128,
                      PAGE_SIZE=64, SCALE_MODE=mode, IEEE=False, FP16_MMA=mode != 0)
         variants = [
@@ -96,6 +100,8 @@ def main():
                                           FUSED_MERGE=False, S_PAD=8, PREFETCH_ROWS=False,
                                           PDL=True), 4),
             (sparse_attn_tiled_kernel, dict(TM=4, TOPK=16, TOPK_PAD=16), 4),
+            # block-major prefill: 8 (token, slot) pairs x 16 heads per program
+            (sparse_attn_block_major_kernel, dict(HQ=16, TM=8, TOPK=16), 8),
             (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
         ]
         for kernel, extra, warps in variants:

@@ -468,6 +468,84 @@ TILE_CASES = dict(ATTN_CASES, prefill=lambda B: [(2 * B + 3, 3 * B // 2 + 1), (0
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))
+@pytest.mark.parametrize("shape", [0, 1])
+def test_block_sparse_attention_block_major(case, shape):
+    """``block_major``: (token, slot) pairs grouped by block on the device, one
+    program per up to TM pairs of one block, per-block partials merged per
+    token: equals the oracle for every KV scale mode, with several requests,
+    two KV heads (odd group size on CPU), decode tokens before ``tile_start``
+    and groups larger and smaller than a tile."""
+    seed = _seed()
+    dtype = DTYPES[-1]
+    Hq, Hkv, D, _, B, page, topk = SHAPES[shape]
+    reqs = TILE_CASES[case](B)
+    batch = Batch(reqs, page)
+    n_decode = next((i for i, (_, n) in enumerate(reqs) if n != 1), len(reqs))
+    sel = (shared_selection if shape == 0 else random_selection)(batch, Hkv, topk, B)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    scale = D ** -0.5
+    for mode, fold in ((0, True), (1, True), (1, False), (2, True)):
+        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
+        ref = ref_attention(batch, q, deq, sel, B, scale)
+        atol, rtol = tol(dtype)
+        atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
+        for tm, start in ((2, 0), (4, n_decode), (8 if ON_GPU else 1, batch.T // 2)):
+            if tm == 1:
+                continue
+            out = torch.full_like(q, float("nan"))
+            got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,
+                                         batch.token_pos, sel, B, scale, mode, ks, vs, kvs,
+                                         fold_scalar_scales=fold, out=out, block_major=tm,
+                                         tile_start=start)
+            assert got.data_ptr() == out.data_ptr()
+            torch.testing.assert_close(
+                got.double(), ref, atol=atol, rtol=rtol,
+                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} block_major {tm} "
+                              f"start {start}] {m}")
+
+
+def test_block_major_tiles_cover_every_pair_once():
+    """The device-side grouping: every valid (token, slot) pair lands in exactly
+    one tile of its (request, KV head, block) group, tiles hold at most TM
+    pairs, surplus tiles are empty, and no host sync is needed (static tile
+    count)."""
+    from vllm.models.minimax_m3.common.triton_ops.attention import block_major_tiles
+    _seed()
+    T, Hkv, topk, R, max_blocks, TM = 37, 2, 5, 3, 9, 4
+    req = torch.randint(0, R, (T,), dtype=torch.int32)
+    sel = torch.randint(-1, max_blocks, (T, Hkv, topk), dtype=torch.int32)
+    pair_tok, pair_slot, first, count, block, head = block_major_tiles(req, sel, R,
+                                                                       max_blocks, TM)
+    assert int(count.max()) <= TM and int(count.min()) >= 0
+    seen = []
+    for i in range(first.numel()):
+        for p in range(int(first[i]), int(first[i]) + int(count[i])):
+            t, s = int(pair_tok[p]), int(pair_slot[p])
+            g = [h for h in range(Hkv) if int(sel[t, h, s]) == int(block[i])]
+            assert int(head[i]) in g, (i, p)
+            assert int(sel[t, int(head[i]), s]) == int(block[i])
+            seen.append((t, int(head[i]), s))
+            # one request per tile
+            assert int(req[t]) == int(req[int(pair_tok[int(first[i])])])
+    want = sorted((t, h, s) for t in range(T) for h in range(Hkv) for s in range(topk)
+                  if int(sel[t, h, s]) >= 0)
+    assert sorted(seen) == want
+
+
+def test_block_major_bad_input():
+    Hq, Hkv, D, _, B, page, topk = SHAPES[0]
+    batch = Batch([(0, 5)], page)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE)
+    kv, _, _, _, _ = make_kv_cache(batch, Hkv, D, torch.float32, 0)
+    sel = random_selection(batch, Hkv, topk, B)
+    args = (q, kv, batch.block_table, batch.token_req, batch.token_pos, sel, B, 1.0)
+    with pytest.raises(ValueError, match="block_major must be a power of two"):
+        block_sparse_attention(*args, block_major=3)
+    with pytest.raises(ValueError, match="pick one"):
+        block_sparse_attention(*args, block_major=4, token_tile=4)
+
+
+@pytest.mark.parametrize("case", list(TILE_CASES))
 @pytest.mark.parametrize("selection", ["random", "shared"])
 def test_block_sparse_attention_token_tiles(case, selection):
     """``token_tile``: one program per tile of consecutive tokens walking the

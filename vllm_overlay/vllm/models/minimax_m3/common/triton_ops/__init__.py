@@ -10,6 +10,9 @@ Kernels, one concern per module:
   index_topk_select    stage 2: top-k over a row of candidate scores
   index_topk_prefill   prefill: tiled scoring fused with a streaming top-k
   sparse_attn_fwd      block-sparse attention, optional split over blocks
+  sparse_attn_tiled    block-sparse attention, a tile of consecutive tokens per program
+  sparse_attn_block_major  prefill: one program per selected block and up to TM
+                       of the (token, slot) pairs that chose it (grouped on the device)
   sparse_attn_merge    log-sum-exp merge of split partials
 The modules import the real ``triton`` package (not vLLM's placeholder) so the
 kernels also run on CPU under ``TRITON_INTERPRET=1``.

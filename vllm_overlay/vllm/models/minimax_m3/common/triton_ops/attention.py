@@ -13,6 +13,7 @@ import torch
 
 from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
                      check_triton, largest_pow2_divisor, next_pow2, num_sms, use_pdl)
+from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
 from .sparse_attn_tiled import sparse_attn_tiled_kernel
@@ -90,6 +91,46 @@ def default_prefill_token_tile(max_context: int, sparse_block: int, topk: int,
     return 4 if kv_fp8 else 8
 
 
+def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
+                      max_blocks: int, pairs_per_tile: int):
+    """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
+    (request, KV head, block) and cut each group into tiles of at most
+    ``pairs_per_tile`` pairs, on the device and without host syncs (the tile
+    count is a static upper bound; surplus tiles have count 0).
+
+    Returns int32 tensors (pair_tok, pair_slot) [P] sorted by group, and
+    (tile_first, tile_count, tile_block, tile_head) [num_tiles]."""
+    T, HKV, TOPK = topk_blocks.shape
+    dev = topk_blocks.device
+    P = T * HKV * TOPK
+    NG = num_reqs * HKV * max_blocks  # groups; key NG marks empty slots
+    sel = topk_blocks.to(torch.int64)
+    head = torch.arange(HKV, device=dev, dtype=torch.int64).view(1, HKV, 1)
+    key = (token_req.to(torch.int64).view(T, 1, 1) * HKV + head) * max_blocks + sel
+    key = torch.where(sel >= 0, key, NG).flatten()
+    sorted_key, order = torch.sort(key, stable=True)
+    pair_tok = torch.div(order, HKV * TOPK, rounding_mode="floor").to(torch.int32)
+    pair_slot = (order % TOPK).to(torch.int32)
+    counts = torch.zeros(NG + 1, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, sorted_key, torch.ones_like(sorted_key))
+    counts[NG] = 0  # empty slots: no tiles
+    group_start = torch.cumsum(counts, 0) - counts
+    tiles = torch.div(counts + pairs_per_tile - 1, pairs_per_tile, rounding_mode="floor")
+    # at most P / pairs_per_tile full tiles plus one partial tile per non-empty group
+    num_tiles = cdiv(P, pairs_per_tile) + min(NG, P)
+    tiles[NG] = num_tiles - tiles[:NG].sum()  # surplus, in the empty-slot group
+    tile_group = torch.repeat_interleave(torch.arange(NG + 1, device=dev), tiles,
+                                         output_size=num_tiles)
+    tile_rank = (torch.arange(num_tiles, device=dev)
+                 - (torch.cumsum(tiles, 0) - tiles)[tile_group])
+    tile_first = group_start[tile_group] + tile_rank * pairs_per_tile
+    tile_count = (counts[tile_group] - tile_rank * pairs_per_tile).clamp(0, pairs_per_tile)
+    tile_block = tile_group % max_blocks
+    tile_head = torch.div(tile_group, max_blocks, rounding_mode="floor") % HKV
+    return (pair_tok, pair_slot, tile_first.to(torch.int32), tile_count.to(torch.int32),
+            tile_block.to(torch.int32), tile_head.to(torch.int32))
+
+
 def block_sparse_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -110,6 +151,7 @@ def block_sparse_attention(
     fused_merge: bool = False,
     token_tile: int = 0,
     tile_start: int = 0,
+    block_major: int = 0,
     _tune: dict | None = None,
 ) -> torch.Tensor:
     """Block-sparse GQA attention of each query token over its selected blocks.
@@ -133,9 +175,14 @@ def block_sparse_attention(
       token_tile: > 1 runs ``sparse_attn_tiled``: one program per this many
         consecutive tokens and KV head, reading each distinct selected block
         of the tile once (for prefill chunks; no context splits).
-      tile_start: with ``token_tile``, tokens before this index (a batch's
-        decode tokens, which share few blocks with their neighbours) run one
-        per program as without it; the tiles start here.
+      tile_start: with ``token_tile`` or ``block_major``, tokens before this
+        index (a batch's decode tokens, which share few blocks with their
+        neighbours) run one per program as without it; the tiles start here.
+      block_major: > 1 runs ``sparse_attn_block_major`` for prefill: the
+        (token, slot) pairs are grouped by selected block on the device and
+        one program takes up to this many pairs of one block (a power of
+        two), reading the block's K/V once for them; per-block results are
+        merged per token.  Not yet measured on a GPU; off unless asked for.
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
         num_stages; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
@@ -189,6 +236,25 @@ def block_sparse_attention(
     if token_tile and (token_tile < 1 or token_tile & (token_tile - 1)):
         raise ValueError(f"token_tile must be a power of two (tokens per program), "
                          f"got {token_tile}")
+    if block_major and (block_major < 1 or block_major & (block_major - 1)):
+        raise ValueError(f"block_major must be a power of two (pairs per program), "
+                         f"got {block_major}")
+    if token_tile > 1 and block_major > 1:
+        raise ValueError("token_tile and block_major are two prefill layouts; pick one")
+    if block_major > 1:
+        n = min(max(int(tile_start), 0), T)
+        if n:
+            block_sparse_attention(
+                q[:n], kv_cache, block_table, token_req[:n], token_pos[:n], topk_blocks[:n],
+                sparse_block, scale, kv_scale_mode, k_scale, v_scale, kv_scales,
+                fold_scalar_scales=fold_scalar_scales, out=out[:n], fused_merge=fused_merge,
+                _tune=_tune)
+        if n < T:
+            _block_major_attention(
+                q[n:], kv_cache, block_table, token_req[n:], token_pos[n:], topk_blocks[n:],
+                sparse_block, float(scale), out[n:], int(block_major), kernel_mode, ks, vs, kvs,
+                sstr, G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune)
+        return out
     if token_tile > 1 and 0 < tile_start:
         n = min(int(tile_start), T)
         block_sparse_attention(
@@ -265,4 +331,40 @@ def block_sparse_attention(
     return out
 
 
-__all__ = ["block_sparse_attention", "default_prefill_token_tile"]
+def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_blocks,
+                           sparse_block, scale, out, pairs, kernel_mode, ks, vs, kvs, sstr,
+                           G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune):
+    """``block_major`` for tokens that all take the block-major path."""
+    T, HQ, D = q.shape
+    _, _, page_size, HKV, _ = kv_cache.shape
+    topk = topk_blocks.shape[2]
+    max_blocks = cdiv(block_table.shape[1] * page_size, sparse_block)
+    pair_tok, pair_slot, t_first, t_count, t_block, t_head = block_major_tiles(
+        token_req, topk_blocks, block_table.shape[0], max_blocks, pairs)
+    # float16 partials for half-precision models: the normalised per-block
+    # output is a convex mix of V rows, well inside fp16's range
+    part_dtype = torch.float32 if ieee else torch.float16
+    part_o = torch.empty((T, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
+    part_lse = torch.full((T, HQ, topk), float("-inf"), dtype=torch.float32, device=q.device)
+    rows = pairs * G_PAD
+    sparse_attn_block_major_kernel[(t_first.numel(),)](
+        q, kv_cache, block_table, token_req, token_pos,
+        pair_tok, pair_slot, t_first, t_count, t_block, t_head,
+        part_o, part_lse, ks, vs, kvs, scale,
+        q.stride(0), q.stride(1),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        sstr[0], sstr[1], sstr[2], sstr[3],
+        block_table.stride(0),
+        HQ=HQ, G=G, G_PAD=G_PAD, TM=pairs, D=D, D_PAD=D_PAD, TOPK=topk,
+        SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
+        SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
+        num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
+        num_stages=tune.get("num_stages", 2),
+    )
+    sparse_attn_merge_kernel[(T, HQ)](
+        part_o, part_lse, out, out.stride(0), out.stride(1),
+        HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD, num_warps=4,
+    )
+
+
+__all__ = ["block_major_tiles", "block_sparse_attention", "default_prefill_token_tile"]
