@@ -8,6 +8,7 @@
 #   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
 #   graphs_one_launch  graphs == eager in fp32 with VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1
 #   graphs_token_tile  graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4
+#   graphs_block_major graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=8
 #   fp8index tests/models/test_minimax_m3_fp8_index.py (optional FP8 index-key cache)
 # DEADLINE_EPOCH (seconds since the epoch): suites are cut to end before it, or skipped.
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
@@ -25,13 +26,15 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [graphs_bf16]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
   [graphs_one_launch]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [graphs_token_tile]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
+  [graphs_block_major]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8index]="tests/models/test_minimax_m3_fp8_index.py"
   [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused_shared or bf16_teacher'"
   [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1"
-  [graphs_token_tile]="VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4")
+  [graphs_token_tile]="VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4"
+  [graphs_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=8")
 BUDGET=${SUITE_TIMEOUT:-400}
 # EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU
 # image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...)

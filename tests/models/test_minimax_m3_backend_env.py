@@ -6,6 +6,7 @@ anything but 0 / 1.
   merge in the Triton decode kernels.
   VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE (unset: by context length): token tiles in the Triton
   prefill attention.
+  VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR (default 0): block-major Triton prefill attention.
 """
 
 import pytest
@@ -65,6 +66,7 @@ def test_default_prefill_token_tile():
 
     impl = backend.MiniMaxM3SparseImpl.__new__(backend.MiniMaxM3SparseImpl)
     impl.sparse_block, impl.topk_blocks, impl.prefill_token_tile = 128, 16, None
+    impl.prefill_block_major = 0
 
     def md(num_decode, max_seq_len, T=10):
         return backend.MiniMaxM3SparseMetadata(T, None, None, None, None, None,
@@ -76,3 +78,23 @@ def test_default_prefill_token_tile():
     impl.prefill_token_tile = 2
     assert impl._token_tile(md(3, 40000), kv_fp8=False) == 2
     assert impl._token_tile(md(10, 40000), kv_fp8=False) == 0
+    impl.prefill_block_major = 8  # the block-major layout replaces token tiles
+    assert impl._token_tile(md(3, 4000), kv_fp8=False) == 0
+
+
+def test_prefill_block_major(monkeypatch):
+    """VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR (default 0 = off): (token, slot)
+    pairs per program of the block-major prefill attention, a power of two up
+    to 16; 1 means off."""
+    from vllm.models.minimax_m3.common import backend
+
+    name = "VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR"
+    monkeypatch.delenv(name, raising=False)
+    assert backend.prefill_block_major() == 0
+    for value, want in (("0", 0), ("1", 0), ("2", 2), ("8", 8), ("16", 16)):
+        monkeypatch.setenv(name, value)
+        assert backend.prefill_block_major() == want
+    for value in ("3", "32", "-2", "eight"):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=f"{name} must be 0 or a power of two"):
+            backend.prefill_block_major()

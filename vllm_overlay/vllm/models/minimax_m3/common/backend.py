@@ -116,6 +116,19 @@ def prefill_token_tile() -> int | None:
     return int(value)
 
 
+def prefill_block_major() -> int:
+    """``VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR`` (default 0 = off): for batches
+    with prefill tokens the Triton attention groups the prefill tokens'
+    (token, slot) pairs by selected block and runs one program per block and
+    this many pairs (``block_major``; a power of two up to 16).  Not yet
+    measured on a GPU, hence off; it replaces the token tiles when set."""
+    name = "VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR"
+    value = os.environ.get(name, "0")
+    if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
+        raise ValueError(f"{name} must be 0 or a power of two up to 16, got {value!r}")
+    return int(value) if int(value) > 1 else 0
+
+
 @dataclass
 class MiniMaxM3SparseMetadata:
     num_actual_tokens: int
@@ -375,6 +388,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         self.fold_scalar_scales = fold_scalar_kv_scales()
         self.one_launch = one_launch_decode()
         self.prefill_token_tile = prefill_token_tile()
+        self.prefill_block_major = prefill_block_major()
         self._ops: SparseOps | None = None
 
     def forward(  # type: ignore[override]
@@ -451,6 +465,8 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             **({"fold_scalar_scales": self.fold_scalar_scales,
                 "fused_merge": self.one_launch,
                 "token_tile": self._token_tile(md, mode != 0),
+                "block_major": (self.prefill_block_major
+                                if md.num_decode_tokens < md.num_actual_tokens else 0),
                 "tile_start": md.num_decode_tokens}
                if ops.triton else {}),
         )
@@ -460,7 +476,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
     def _token_tile(self, md: MiniMaxM3SparseMetadata, kv_fp8: bool) -> int:
         """Tokens per program of the Triton attention for the batch's prefill
         tokens (0: one per program; decode-only batches always 0)."""
-        if md.num_decode_tokens >= md.num_actual_tokens:
+        if md.num_decode_tokens >= md.num_actual_tokens or self.prefill_block_major:
             return 0
         if self.prefill_token_tile is not None:
             return self.prefill_token_tile
