@@ -129,3 +129,38 @@ def attend_key_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, k_col_scale, v_co
         pv = tl.dot(p.to(cdt), v.to(cdt))
     acc = acc * alpha[:, None] + pv
     return m_new, l_i, acc
+
+
+@triton.jit
+def attend_sparse_block(q, b, rows_ok, pos_r, pmax, bt_row, k_base, v_base, kvs_ptr,
+                        offs_n, offs_d, dmask, kv_head, m_i, l_i, acc,
+                        qk_scale, k_elem_scale, v_elem_scale,
+                        stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
+                        SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                        PAGE_SIZE: tl.constexpr, SCALE_MODE: tl.constexpr,
+                        IEEE: tl.constexpr):
+    """Fold all keys of sparse block ``b`` (key tiles of BLOCK_N) into the
+    running softmax of the rows where ``rows_ok`` [M], each row seeing keys at
+    or before its position ``pos_r`` [M]; keys after ``pmax`` (the largest
+    such position) are not loaded.  Returns the updated (m_i, l_i, acc)."""
+    for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+        kp = b * SPARSE_BLOCK + n0 + offs_n
+        kload = kp <= pmax
+        k, v, ksc, vsc = load_key_tile(
+            k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, kv_head,
+            k_elem_scale, v_elem_scale, stride_cp, stride_cs,
+            stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
+        vis = rows_ok[:, None] & (kp[None, :] <= pos_r[:, None])
+        m_i, l_i, acc = attend_key_tile(q, k, v, vis, m_i, l_i, acc, qk_scale, ksc, vsc,
+                                        SCALE_MODE, IEEE)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def normalized_output(acc, l_i, v_scale_ptr, SCALE_MODE: tl.constexpr):
+    """acc / l per row (rows with no mass stay 0), times v_scale with
+    SCALE_MODE 1 (the scalar v_scale applied once to the fp32 result)."""
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if SCALE_MODE == 1:
+        o = o * tl.load(v_scale_ptr)
+    return o

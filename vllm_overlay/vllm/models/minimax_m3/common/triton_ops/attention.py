@@ -241,21 +241,8 @@ def block_sparse_attention(
                          f"got {block_major}")
     if token_tile > 1 and block_major > 1:
         raise ValueError("token_tile and block_major are two prefill layouts; pick one")
-    if block_major > 1:
-        n = min(max(int(tile_start), 0), T)
-        if n:
-            block_sparse_attention(
-                q[:n], kv_cache, block_table, token_req[:n], token_pos[:n], topk_blocks[:n],
-                sparse_block, scale, kv_scale_mode, k_scale, v_scale, kv_scales,
-                fold_scalar_scales=fold_scalar_scales, out=out[:n], fused_merge=fused_merge,
-                _tune=_tune)
-        if n < T:
-            _block_major_attention(
-                q[n:], kv_cache, block_table, token_req[n:], token_pos[n:], topk_blocks[n:],
-                sparse_block, float(scale), out[n:], int(block_major), kernel_mode, ks, vs, kvs,
-                sstr, G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune)
-        return out
-    if token_tile > 1 and 0 < tile_start:
+    if (token_tile > 1 or block_major > 1) and 0 < tile_start:
+        # the batch's decode tokens one per program, the tiles after them
         n = min(int(tile_start), T)
         block_sparse_attention(
             q[:n], kv_cache, block_table, token_req[:n], token_pos[:n], topk_blocks[:n],
@@ -267,7 +254,13 @@ def block_sparse_attention(
                 q[n:], kv_cache, block_table, token_req[n:], token_pos[n:], topk_blocks[n:],
                 sparse_block, scale, kv_scale_mode, k_scale, v_scale, kv_scales,
                 fold_scalar_scales=fold_scalar_scales, out=out[n:], token_tile=token_tile,
-                _tune=_tune)
+                block_major=block_major, _tune=_tune)
+        return out
+    if block_major > 1:
+        _block_major_attention(
+            q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
+            float(scale), out, int(block_major), kernel_mode, ks, vs, kvs, sstr, G, G_PAD,
+            D_PAD, BLOCK_N, ieee, fp16_mma, tune)
         return out
     if token_tile > 1:
         # 128 accumulator rows or more: 8 warps keep the fp32 tile in registers

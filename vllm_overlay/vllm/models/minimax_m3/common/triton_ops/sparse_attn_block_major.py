@@ -32,7 +32,7 @@ Layouts (element strides):
   part_lse  [T, Hq, TOPK] float32, log2 of the slot's softmax mass
 """
 
-from ._attend import attend_key_tile, load_key_tile, scales_and_operand
+from ._attend import attend_sparse_block, normalized_output, scales_and_operand
 from ._triton import tl, triton
 
 
@@ -89,22 +89,14 @@ def sparse_attn_block_major_kernel(
         m_i = tl.full([R], float("-inf"), tl.float32)
         l_i = tl.zeros([R], tl.float32)
         acc = tl.zeros([R, D_PAD], tl.float32)
-        for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-            kp = b * SPARSE_BLOCK + n0 + offs_n
-            kload = kp <= pmax
-            k, v, ksc, vsc = load_key_tile(
-                k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, g,
-                k_elem_scale, v_elem_scale, stride_cp, stride_cs,
-                stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
-            vis = rvalid[:, None] & (kp[None, :] <= pos_r[:, None])
-            m_i, l_i, acc = attend_key_tile(q, k, v, vis, m_i, l_i, acc, qk_scale, ksc, vsc,
-                                            SCALE_MODE, IEEE)
+        m_i, l_i, acc = attend_sparse_block(
+            q, b, rvalid, pos_r, pmax, bt_row, k_base, v_base, kvs_ptr, offs_n, offs_d, dmask,
+            g, m_i, l_i, acc, qk_scale, k_elem_scale, v_elem_scale,
+            stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
+            SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE)
 
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        o = acc / l_safe[:, None]
-        if SCALE_MODE == 1:
-            o = o * tl.load(v_scale_ptr)
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        o = normalized_output(acc, l_i, v_scale_ptr, SCALE_MODE)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
         # part_o [T, HQ, TOPK, D_PAD], part_lse [T, HQ, TOPK]
         ph = (tok64 * HQ + heads) * TOPK + slot
         tl.store(part_o_ptr + ph[:, None] * D_PAD + offs_d[None, :],

@@ -29,7 +29,7 @@ Layouts (element strides):
   out      [T, Hq, D] (q dtype), written normalised.  No context splits.
 """
 
-from ._attend import attend_key_tile, load_key_tile, scales_and_operand
+from ._attend import attend_sparse_block, normalized_output, scales_and_operand
 from ._triton import tl, triton
 
 
@@ -109,20 +109,12 @@ def sparse_attn_tiled_kernel(
         member = (tl.max(same.to(tl.int32), axis=1) > 0) & rvalid  # row's token chose b
         pmax = tl.max(tl.where(member, pos_r, -1), axis=0)
         bt_row = bt_ptr + creq.to(tl.int64) * stride_bt
-        for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-            kp = b * SPARSE_BLOCK + n0 + offs_n
-            kload = kp <= pmax
-            k, v, ksc, vsc = load_key_tile(
-                k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, g,
-                k_elem_scale, v_elem_scale, stride_cp, stride_cs,
-                stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
-            vis = member[:, None] & (kp[None, :] <= pos_r[:, None])
-            m_i, l_i, acc = attend_key_tile(q, k, v, vis, m_i, l_i, acc, qk_scale, ksc, vsc,
-                                            SCALE_MODE, IEEE)
+        m_i, l_i, acc = attend_sparse_block(
+            q, b, member, pos_r, pmax, bt_row, k_base, v_base, kvs_ptr, offs_n, offs_d, dmask,
+            g, m_i, l_i, acc, qk_scale, k_elem_scale, v_elem_scale,
+            stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
+            SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE)
 
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[:, None]
-    if SCALE_MODE == 1:
-        o = o * tl.load(v_scale_ptr)
+    o = normalized_output(acc, l_i, v_scale_ptr, SCALE_MODE)
     optr = out_ptr + tok64[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rvalid[:, None] & dmask[None, :])
