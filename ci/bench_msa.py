@@ -25,7 +25,7 @@ Shapes: one TP4 rank of MiniMax-M3 -- 16 query heads, 1 KV head, head_dim 128,
 Inputs are fresh random tensors every run.  Writes ``bench_msa.md`` and
 ``bench_msa.json`` under ``$OUT`` (default ``./out``).
 
-Usage: python ci/bench_msa.py [--quick] [--reps N] [--check-only] [--sweep | --sweep-only]
+Usage: python ci/bench_msa.py [--quick] [--prefill-only] [--reps N] [--check-only] [--sweep | --sweep-only]
 (--sweep times the launch-shape knobs: decode blocks per program and splits,
 prefill tile shapes; it wrote the numbers the wrappers' defaults cite.)
 Exit status 1 when the correctness check failed.
@@ -402,6 +402,17 @@ def sdpa_dense_prefill(chunk, ctx, dev, flash=False):
     return lambda: F(q, k16, v16, attn_mask=mask)
 
 
+def default_layout(block_sparse_attention, tokens, ctx, kv_fp8):
+    """The engine's prefill layout for ``tokens`` prefill tokens at ``ctx``
+    tokens of context (``default_prefill_layout`` of the kernels' own package;
+    the token-tile rule alone for kernels that predate it)."""
+    rule = getattr(sys.modules[block_sparse_attention.__module__],
+                   "default_prefill_layout", None)
+    if rule:
+        return rule(tokens, ctx, B, TOPK, kv_fp8)
+    return dict(token_tile=default_token_tile(block_sparse_attention, ctx, kv_fp8))
+
+
 def default_token_tile(block_sparse_attention, ctx, kv_fp8):
     """The engine's token tile for a prefill at ``ctx`` tokens of context
     (``default_prefill_token_tile`` of the kernels' own package; 0 for
@@ -439,6 +450,8 @@ def bench(args):
 
     ctxs = [8192, 32768, 131072] if not args.quick else [8192]
     batches = [1, 32] if not args.quick else [1]
+    if args.prefill_only:
+        batches = []
     dec = []
     for batch in batches:
         for ctx in ctxs:
@@ -573,15 +586,16 @@ def bench(args):
                     index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                      bt.token_pos, B, TOPK, out=sel, num_decode_tokens=0)
 
-                # the engine's launch shape: token tiles by the context-length rule
-                tm_rule = default_token_tile(block_sparse_attention, ctx, kv_mode != 0)
-                row["token_tile_rule"] = tm_rule
+                # the engine's launch shape: block-major for long chunks, else
+                # token tiles by the context-length rule
+                layout = default_layout(block_sparse_attention, chunk, ctx, kv_mode != 0)
+                row["layout"] = layout
 
-                def attn(tm=tm_rule):
+                def attn(tm=None):
+                    kw = layout if tm is None else dict(token_tile=tm)
                     block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
                                            bt.token_pos, sel, B, D ** -0.5, kv_mode,
-                                           bt.k_scale, bt.v_scale, bt.kv_scales, out=o,
-                                           token_tile=tm)
+                                           bt.k_scale, bt.v_scale, bt.kv_scales, out=o, **kw)
 
                 def total():
                     idx()
@@ -590,8 +604,7 @@ def bench(args):
                 idx()
                 row["index_topk_ms"] = timer.time_fn(idx) / 1e3
                 row["attention_ms"] = timer.time_fn(attn) / 1e3
-                row["attention_per_token_ms"] = (timer.time_fn(lambda: attn(0)) / 1e3
-                                                 if tm_rule else row["attention_ms"])
+                row["attention_per_token_ms"] = timer.time_fn(lambda: attn(0)) / 1e3
                 row["total_ms"] = timer.time_fn(total) / 1e3
                 flops = 4 * HQ * D * (sel >= 0).sum().item() * B  # upper bound (full blocks)
                 row["attention_TFLOPs"] = flops / (row["attention_ms"] * 1e-3) / 1e12
@@ -1023,9 +1036,10 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
             for name, kw in (("per_token", dict(token_tile=0)),
                              ("rule", dict(token_tile=rule)),
                              ("bm4", dict(block_major=4)), ("bm8", dict(block_major=8)),
-                             ("bm16", dict(block_major=16)),
-                             ("bm8_w4", dict(block_major=8, _tune=dict(num_warps=4))),
-                             ("bm4_w8", dict(block_major=4, _tune=dict(num_warps=8)))):
+                             ("bm4_c128", dict(block_major=4,
+                                               _tune=dict(pairs_per_program=128))),
+                             ("bm4_mw2", dict(block_major=4, _tune=dict(merge_warps=2))),
+                             ("bm4_s3", dict(block_major=4, _tune=dict(num_stages=3)))):
                 def run(o=o, kw=kw):
                     return block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
@@ -1043,8 +1057,54 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                 out.append(dict(kind="block_major", context=ctx, kv_mode=kv_mode, variant=name,
                                 max_diff=diff, us=t))
                 print(f"[sweep] {out[-1]}", flush=True)
+            out.extend(block_major_parts(timer, bt, sel, ctx, kv_mode))
+            del bt
+    # short chunks: where the grouping's fixed cost stops paying
+    for n in (256, 1024, 2048, 4096):
+        for kv_mode in (0, 1):
+            bt = Batch([32768], n, kv_mode, dev)
+            sel = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                   bt.token_pos, B, TOPK, num_decode_tokens=0)
+            o = torch.empty_like(bt.q)
+            for name, kw in (("per_token", dict(token_tile=0)), ("bm4", dict(block_major=4))):
+                t = timer.time_fn(lambda kw=kw: block_sparse_attention(
+                    bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
+                    D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None, out=o, **kw))
+                out.append(dict(kind="block_major", context=32768, tokens=n, kv_mode=kv_mode,
+                                variant=name, us=t))
+                print(f"[sweep] {out[-1]}", flush=True)
             del bt
     return out
+
+
+def block_major_parts(timer, bt, sel, ctx, kv_mode):
+    """The block-major path's two side launches alone: the device-side
+    grouping of the pairs (64 per program) and the per-token merge of the
+    TOPK per-block partials (fp16, as for a bf16 model) by warps, with its
+    read bandwidth."""
+    from vllm.models.minimax_m3.common.triton_ops.attention import block_major_tiles
+    from vllm.models.minimax_m3.common.triton_ops.sparse_attn_merge import (
+        sparse_attn_merge_kernel)
+    T = bt.q.shape[0]
+    max_blocks = bt.block_table.shape[1] * bt.kv.shape[2] // B
+    res = []
+    t = timer.time_fn(lambda: block_major_tiles(bt.token_req, sel, bt.block_table.shape[0],
+                                                max_blocks, 64))
+    res.append(dict(kind="block_major", context=ctx, kv_mode=kv_mode, variant="grouping_only",
+                    us=t))
+    part_o = torch.randn((T, HQ, TOPK, D), dtype=torch.float16, device=bt.q.device)
+    part_lse = torch.randn((T, HQ, TOPK), dtype=torch.float32, device=bt.q.device)
+    o = torch.empty_like(bt.q)
+    for warps in (1, 2):
+        t = timer.time_fn(lambda: sparse_attn_merge_kernel[(T, HQ)](
+            part_o, part_lse, o, o.stride(0), o.stride(1), HQ=HQ, S=TOPK, S_PAD=TOPK, D=D,
+            D_PAD=D, num_warps=warps))
+        res.append(dict(kind="block_major", context=ctx, kv_mode=kv_mode,
+                        variant=f"merge_only_w{warps}", us=t,
+                        gb_s=(part_o.numel() * 2 + part_lse.numel() * 4) / t / 1e3))
+    for r in res:
+        print(f"[sweep] {r}", flush=True)
+    return res
 
 
 def sweep_prefill_attn(timer, dev, index_block_topk, block_sparse_attention):
@@ -1191,17 +1251,18 @@ def to_markdown(res):
                  f"{_f(r.get('attention_corr_tiled4_ms'), 3)} | "
                  f"{_f(r.get('attention_corr_tiled8_ms'), 3)} |")
     L += ["", "## Prefill, chunk of 8192 at the end of the context (milliseconds)", "",
-          "attention = the engine's launch (token tile TM by the context-length rule, "
-          "0 = one token per program); dense = SDPA with a lower-right causal mask; "
+          "attention = the engine's launch (layout: BM4 = block-major, 4 pairs per step, "
+          "for chunks of at least 1024 tokens; else TM = token tile by the context-length rule, "
+          "TM0 = one token per program); dense = SDPA with a lower-right causal mask; "
           "dense FA2 = SDPA `is_causal` forced onto its flash (FlashAttention-2) backend (chunk = context only; the default backend choice is faster).", "",
-          "| context | KV | index+top-k | TM | attention | total | dense | dense FA2 "
+          "| context | KV | index+top-k | layout | attention | total | dense | dense FA2 "
           "| attention per token | attention TFLOP/s "
           "| attention fp8 unfolded | attention tiled 2 | attention tiled 4 | attention tiled 8 "
           "| attention block-major 4 | attention block-major 8 |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("prefill", []):
         L.append(f"| {r['context'] // 1024}k | {r['kv']} | {_f(r.get('index_topk_ms'), 3)} | "
-                 f"{r.get('token_tile_rule', 0)} | "
+                 f"{_layout_name(r)} | "
                  f"{_f(r.get('attention_ms'), 3)} | {_f(r.get('total_ms'), 3)} | "
                  f"{_f(r.get('dense_ms'), 3)} | {_f(r.get('dense_flash_ms'), 3)} | "
                  f"{_f(r.get('attention_per_token_ms'), 3)} | "
@@ -1218,10 +1279,19 @@ def to_markdown(res):
     return "\n".join(L) + "\n"
 
 
+def _layout_name(row):
+    lay = row.get("layout") or dict(token_tile=row.get("token_tile_rule", 0))
+    if lay.get("block_major"):
+        return f"BM{lay['block_major']}"
+    return f"TM{lay.get('token_tile', 0)}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=100, help="timed replays per measurement")
     ap.add_argument("--quick", action="store_true", help="8k context, batch 1 only")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="the correctness check and the prefill table, no decode table")
     ap.add_argument("--check-only", action="store_true", help="only the correctness check")
     ap.add_argument("--sweep", action="store_true", help="also sweep the launch-shape knobs")
     ap.add_argument("--sweep-only", action="store_true", help="only the launch-shape sweep")

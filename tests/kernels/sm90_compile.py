@@ -17,6 +17,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from vllm.models.minimax_m3.common.triton_ops.block_major_group import (  # noqa: E402
+    block_major_rank_kernel, block_major_scatter_kernel)
 from vllm.models.minimax_m3.common.triton_ops.index_score_decode import (  # noqa: E402
     index_block_max_decode_kernel)
 from vllm.models.minimax_m3.common.triton_ops.index_topk_prefill import (  # noqa: E402
@@ -84,8 +86,7 @@ def main():
                     out_ptr="*bf16", part_o_ptr="*fp32", part_lse_ptr="*fp32",
                     k_scale_ptr="*fp32", v_scale_ptr="*fp32", kvs_ptr="*fp32",
                     cnt_ptr="*i32", pair_tok_ptr="*i32", pair_slot_ptr="*i32",
-                    tile_first_ptr="*i32", tile_count_ptr="*i32", tile_block_ptr="*i32",
-                    tile_head_ptr="*i32")
+                    group_start_ptr="*i32", counts_ptr="*i32", tile_end_ptr="*i32")
         shape = dict(G=16, G_PAD=16, D=128, D_PAD=128, SPARSE_BLOCK=128, BLOCK_N=128,
                      PAGE_SIZE=64, SCALE_MODE=mode, IEEE=False, FP16_MMA=mode != 0)
         variants = [
@@ -100,8 +101,9 @@ def main():
                                           FUSED_MERGE=False, S_PAD=8, PREFETCH_ROWS=False,
                                           PDL=True), 4),
             (sparse_attn_tiled_kernel, dict(TM=4, TOPK=16, TOPK_PAD=16), 4),
-            # block-major prefill: 8 (token, slot) pairs x 16 heads per program
-            (sparse_attn_block_major_kernel, dict(HQ=16, TM=8, TOPK=16), 8),
+            # block-major prefill: 64 (token, slot) pairs per program, 4 or 8 per step
+            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16), 4),
+            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=8, CHUNK=64, TOPK=16), 8),
             (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
         ]
         for kernel, extra, warps in variants:
@@ -110,6 +112,15 @@ def main():
             print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
                   flush=True)
             done += 1
+    # the block-major grouping (a counting sort of the chunk's (token, slot) pairs)
+    ptrs = dict(topk_ptr="*i32", req_ptr="*i32", pair_key_ptr="*i32", pair_rank_ptr="*i32",
+                counts_ptr="*i32", group_start_ptr="*i32", pair_tok_ptr="*i32",
+                pair_slot_ptr="*i32")
+    for kernel in (block_major_rank_kernel, block_major_scatter_kernel):
+        cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=1024), 4)
+        assert len(cubin) > 0
+        print(f"compiled {kernel.fn.__name__} ({len(cubin)} B cubin)", flush=True)
+        done += 1
     # the prefill index at the engine's launch shape (128 rows per tile, 4 warps),
     # bf16 and fp8 index keys, with and without the pages resolved one block ahead
     for k_scaled, prefetch, skip in ((False, False, False), (True, False, False),

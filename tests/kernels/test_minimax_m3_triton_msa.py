@@ -489,47 +489,58 @@ def test_block_sparse_attention_block_major(case, shape):
         ref = ref_attention(batch, q, deq, sel, B, scale)
         atol, rtol = tol(dtype)
         atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
-        for tm, start in ((2, 0), (4, n_decode), (8 if ON_GPU else 1, batch.T // 2)):
+        # programs of a few pairs (groups span several programs); a block of
+        # several key tiles (walked per step, not loaded once); the defaults
+        for tm, start, tune in ((2, 0, dict(pairs_per_program=4)),
+                                (4, n_decode, dict(BLOCK_N=16)),
+                                (8 if ON_GPU else 1, batch.T // 2, None)):
             if tm == 1:
                 continue
             out = torch.full_like(q, float("nan"))
             got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,
                                          batch.token_pos, sel, B, scale, mode, ks, vs, kvs,
                                          fold_scalar_scales=fold, out=out, block_major=tm,
-                                         tile_start=start)
+                                         tile_start=start, _tune=tune)
             assert got.data_ptr() == out.data_ptr()
             torch.testing.assert_close(
                 got.double(), ref, atol=atol, rtol=rtol,
                 msg=lambda m: f"[seed {seed} mode {mode} fold {fold} block_major {tm} "
-                              f"start {start}] {m}")
+                              f"start {start} tune {tune}] {m}")
 
 
 def test_block_major_tiles_cover_every_pair_once():
-    """The device-side grouping: every valid (token, slot) pair lands in exactly
-    one tile of its (request, KV head, block) group, tiles hold at most TM
-    pairs, surplus tiles are empty, and no host sync is needed (static tile
-    count)."""
+    """The device-side grouping (a counting sort): every valid (token, slot)
+    pair lands exactly once in the segment of its (request, KV head, block)
+    group, the per-group program counts add up, and the static program count
+    covers them (no host sync)."""
     from vllm.models.minimax_m3.common.triton_ops.attention import block_major_tiles
     _seed()
     T, Hkv, topk, R, max_blocks, TM = 37, 2, 5, 3, 9, 4
-    req = torch.randint(0, R, (T,), dtype=torch.int32)
-    sel = torch.randint(-1, max_blocks, (T, Hkv, topk), dtype=torch.int32)
-    pair_tok, pair_slot, first, count, block, head = block_major_tiles(req, sel, R,
-                                                                       max_blocks, TM)
-    assert int(count.max()) <= TM and int(count.min()) >= 0
-    seen = []
-    for i in range(first.numel()):
-        for p in range(int(first[i]), int(first[i]) + int(count[i])):
-            t, s = int(pair_tok[p]), int(pair_slot[p])
-            g = [h for h in range(Hkv) if int(sel[t, h, s]) == int(block[i])]
-            assert int(head[i]) in g, (i, p)
-            assert int(sel[t, int(head[i]), s]) == int(block[i])
-            seen.append((t, int(head[i]), s))
-            # one request per tile
-            assert int(req[t]) == int(req[int(pair_tok[int(first[i])])])
-    want = sorted((t, h, s) for t in range(T) for h in range(Hkv) for s in range(topk)
-                  if int(sel[t, h, s]) >= 0)
-    assert sorted(seen) == want
+    req = torch.randint(0, R, (T,), dtype=torch.int32, device=DEVICE)
+    sel = torch.randint(-1, max_blocks, (T, Hkv, topk), dtype=torch.int32, device=DEVICE)
+    sel[0, 0, :] = 2  # a group larger than one program
+    sel[1:9, 0, 0] = 2
+    req[:9] = 1
+    pair_tok, pair_slot, start, counts, tile_end, num_tiles = (
+        x.cpu() if isinstance(x, torch.Tensor) else x
+        for x in block_major_tiles(req, sel, R, max_blocks, TM))
+    req, sel = req.cpu(), sel.cpu()
+    want = {}
+    for t in range(T):
+        for h in range(Hkv):
+            for s in range(topk):
+                if int(sel[t, h, s]) >= 0:
+                    key = (int(req[t]) * Hkv + h) * max_blocks + int(sel[t, h, s])
+                    want.setdefault(key, []).append((t, s))
+    assert int(counts.sum()) == sum(len(v) for v in want.values())
+    assert int(counts.max()) > TM
+    for key in range(R * Hkv * max_blocks):
+        got = [(int(pair_tok[p]), int(pair_slot[p]))
+               for p in range(int(start[key]), int(start[key]) + int(counts[key]))]
+        assert sorted(got) == sorted(want.get(key, [])), key
+    programs = (counts + TM - 1) // TM
+    assert torch.equal(tile_end, torch.cumsum(programs, 0).to(torch.int32))
+    assert num_tiles >= int(tile_end[-1])
 
 
 def test_block_major_bad_input():

@@ -11,8 +11,9 @@ Kernels, one concern per module:
   index_topk_prefill   prefill: tiled scoring fused with a streaming top-k
   sparse_attn_fwd      block-sparse attention, optional split over blocks
   sparse_attn_tiled    block-sparse attention, a tile of consecutive tokens per program
-  sparse_attn_block_major  prefill: one program per selected block and up to TM
-                       of the (token, slot) pairs that chose it (grouped on the device)
+  block_major_group    prefill: a counting sort of the (token, slot) pairs by block
+  sparse_attn_block_major  prefill: one program per selected block and up to 64
+                       of the (token, slot) pairs that chose it, merged per token
   sparse_attn_merge    log-sum-exp merge of split partials
 The modules import the real ``triton`` package (not vLLM's placeholder) so the
 kernels also run on CPU under ``TRITON_INTERPRET=1``.
@@ -20,9 +21,11 @@ kernels also run on CPU under ``TRITON_INTERPRET=1``.
 
 from ._triton import HAS_TRITON
 from ._utils import arrival_counters
-from .attention import block_sparse_attention, default_prefill_token_tile
+from .attention import (block_sparse_attention, default_prefill_layout,
+                        default_prefill_token_tile)
 from .cache_write import write_sparse_cache
 from .indexer import index_block_topk
 
 __all__ = ["HAS_TRITON", "arrival_counters", "block_sparse_attention",
-           "default_prefill_token_tile", "index_block_topk", "write_sparse_cache"]
+           "default_prefill_layout", "default_prefill_token_tile", "index_block_topk",
+           "write_sparse_cache"]

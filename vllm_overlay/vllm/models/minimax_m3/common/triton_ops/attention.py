@@ -13,6 +13,7 @@ import torch
 
 from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
                      check_triton, largest_pow2_divisor, next_pow2, num_sms, use_pdl)
+from .block_major_group import block_major_rank_kernel, block_major_scatter_kernel
 from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
@@ -73,6 +74,9 @@ def _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, spars
 # token-tiled prefill attention pays while a request's whole context is a few
 # times top-k blocks (neighbouring tokens then share most of their blocks)
 TOKEN_TILE_MAX_BLOCKS_PER_TOPK = 4
+# block-major prefill: (token, slot) pairs per program (one K/V load for all)
+BLOCK_MAJOR_PAIRS = 64
+GROUP_BLOCK = 1024  # pairs per program of the grouping launches
 
 
 def default_prefill_token_tile(max_context: int, sparse_block: int, topk: int,
@@ -91,44 +95,64 @@ def default_prefill_token_tile(max_context: int, sparse_block: int, topk: int,
     return 4 if kv_fp8 else 8
 
 
+# block-major prefill attention pays from about this many prefill tokens in a
+# batch; H200 run 9, chunks at the end of a 32k context, bf16 / fp8 KV:
+# 256 tokens 91 vs 53 us per token, 1024 165 vs 166, 2048 244 vs 307,
+# 8192 807 vs 1106 (fp8 855 vs 1339)
+BLOCK_MAJOR_MIN_TOKENS = 1024
+# (token, slot) pairs per step of a block-major program: 64 rows (run 9: 4
+# beats 8 at every context, 0.70 vs 0.87 ms at 8k)
+BLOCK_MAJOR_STEP = 4
+
+
+def default_prefill_layout(num_prefill_tokens: int, max_context: int, sparse_block: int,
+                           topk: int, kv_fp8: bool) -> dict:
+    """The Triton attention's layout for a batch's prefill tokens, as keyword
+    arguments of ``block_sparse_attention``: block-major (``block_major`` =
+    ``BLOCK_MAJOR_STEP``) from ``BLOCK_MAJOR_MIN_TOKENS`` prefill tokens,
+    else token tiles by ``default_prefill_token_tile``."""
+    if num_prefill_tokens >= BLOCK_MAJOR_MIN_TOKENS:
+        return dict(token_tile=0, block_major=BLOCK_MAJOR_STEP)
+    return dict(token_tile=default_prefill_token_tile(max_context, sparse_block, topk, kv_fp8),
+                block_major=0)
+
+
 def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
                       max_blocks: int, pairs_per_tile: int):
     """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
-    (request, KV head, block) and cut each group into tiles of at most
-    ``pairs_per_tile`` pairs, on the device and without host syncs (the tile
-    count is a static upper bound; surplus tiles have count 0).
+    (request, KV head, block) on the device, without host syncs
+    (``block_major_group``: a counting sort in two launches).
 
-    Returns int32 tensors (pair_tok, pair_slot) [P] sorted by group, and
-    (tile_first, tile_count, tile_block, tile_head) [num_tiles]."""
+    Returns int32 tensors (pair_tok, pair_slot) [P] sorted by group,
+    (group_start, counts, tile_end) [NG] per group (``tile_end``: inclusive
+    prefix sum of ``cdiv(count, pairs_per_tile)``), and ``num_tiles``, a
+    static upper bound of the programs needed."""
     T, HKV, TOPK = topk_blocks.shape
     dev = topk_blocks.device
     P = T * HKV * TOPK
-    NG = num_reqs * HKV * max_blocks  # groups; key NG marks empty slots
-    sel = topk_blocks.to(torch.int64)
-    head = torch.arange(HKV, device=dev, dtype=torch.int64).view(1, HKV, 1)
-    key = (token_req.to(torch.int64).view(T, 1, 1) * HKV + head) * max_blocks + sel
-    key = torch.where(sel >= 0, key, NG).flatten()
-    sorted_key, order = torch.sort(key, stable=True)
-    pair_tok = torch.div(order, HKV * TOPK, rounding_mode="floor").to(torch.int32)
-    pair_slot = (order % TOPK).to(torch.int32)
-    counts = torch.zeros(NG + 1, dtype=torch.int64, device=dev)
-    counts.scatter_add_(0, sorted_key, torch.ones_like(sorted_key))
-    counts[NG] = 0  # empty slots: no tiles
-    group_start = torch.cumsum(counts, 0) - counts
-    tiles = torch.div(counts + pairs_per_tile - 1, pairs_per_tile, rounding_mode="floor")
-    # at most P / pairs_per_tile full tiles plus one partial tile per non-empty group
+    NG = num_reqs * HKV * max_blocks
+    if NG + P >= 2 ** 31:
+        raise ValueError(f"block_major: {num_reqs} requests x {HKV} KV heads x {max_blocks} "
+                         "blocks overflow int32 group ids; use token_tile or the per-token path")
+    counts = torch.zeros(NG, dtype=torch.int32, device=dev)
+    pair_key = torch.empty(P, dtype=torch.int32, device=dev)
+    pair_rank = torch.empty(P, dtype=torch.int32, device=dev)
+    grid = (cdiv(P, GROUP_BLOCK),)
+    block_major_rank_kernel[grid](
+        topk_blocks, token_req, pair_key, pair_rank, counts, P,
+        topk_blocks.stride(0), topk_blocks.stride(1),
+        HKV=HKV, TOPK=TOPK, MAX_BLOCKS=max_blocks, NG=NG, BLOCK=GROUP_BLOCK, num_warps=4)
+    group_start = torch.cumsum(counts, 0, dtype=torch.int32) - counts
+    tile_end = torch.cumsum(torch.div(counts + pairs_per_tile - 1, pairs_per_tile,
+                                      rounding_mode="floor"), 0, dtype=torch.int32)
+    pair_tok = torch.empty(P, dtype=torch.int32, device=dev)
+    pair_slot = torch.empty(P, dtype=torch.int32, device=dev)
+    block_major_scatter_kernel[grid](
+        pair_key, pair_rank, group_start, pair_tok, pair_slot, P, NG,
+        HKV=HKV, TOPK=TOPK, BLOCK=GROUP_BLOCK, num_warps=4)
+    # at most P / pairs_per_tile full programs plus one partial per non-empty group
     num_tiles = cdiv(P, pairs_per_tile) + min(NG, P)
-    tiles[NG] = num_tiles - tiles[:NG].sum()  # surplus, in the empty-slot group
-    tile_group = torch.repeat_interleave(torch.arange(NG + 1, device=dev), tiles,
-                                         output_size=num_tiles)
-    tile_rank = (torch.arange(num_tiles, device=dev)
-                 - (torch.cumsum(tiles, 0) - tiles)[tile_group])
-    tile_first = group_start[tile_group] + tile_rank * pairs_per_tile
-    tile_count = (counts[tile_group] - tile_rank * pairs_per_tile).clamp(0, pairs_per_tile)
-    tile_block = tile_group % max_blocks
-    tile_head = torch.div(tile_group, max_blocks, rounding_mode="floor") % HKV
-    return (pair_tok, pair_slot, tile_first.to(torch.int32), tile_count.to(torch.int32),
-            tile_block.to(torch.int32), tile_head.to(torch.int32))
+    return pair_tok, pair_slot, group_start, counts, tile_end, num_tiles
 
 
 def block_sparse_attention(
@@ -180,11 +204,13 @@ def block_sparse_attention(
         neighbours) run one per program as without it; the tiles start here.
       block_major: > 1 runs ``sparse_attn_block_major`` for prefill: the
         (token, slot) pairs are grouped by selected block on the device and
-        one program takes up to this many pairs of one block (a power of
-        two), reading the block's K/V once for them; per-block results are
-        merged per token.  Not yet measured on a GPU; off unless asked for.
+        one program takes up to ``BLOCK_MAJOR_PAIRS`` pairs of one block,
+        reading the block's K/V once for them, and computes this many pairs
+        (a power of two) per step; per-block results are merged per token.
+        Off unless asked for.
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
-        num_stages; ``prefetch_rows``: the per-token kernel resolves the next
+        num_stages; ``pairs_per_program``: block-major pairs per program, default
+        ``BLOCK_MAJOR_PAIRS``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
         until the H200 says it pays; ``pdl``: programmatic dependent launch of
         the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL).
@@ -332,32 +358,39 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     _, _, page_size, HKV, _ = kv_cache.shape
     topk = topk_blocks.shape[2]
     max_blocks = cdiv(block_table.shape[1] * page_size, sparse_block)
-    pair_tok, pair_slot, t_first, t_count, t_block, t_head = block_major_tiles(
-        token_req, topk_blocks, block_table.shape[0], max_blocks, pairs)
+    # pairs per program (a multiple of ``pairs``, the pairs per step): the
+    # block's K/V is loaded once for all of them
+    chunk = max(pairs, next_pow2(int(tune.get("pairs_per_program", BLOCK_MAJOR_PAIRS))))
+    pair_tok, pair_slot, group_start, counts, tile_end, num_tiles = block_major_tiles(
+        token_req, topk_blocks, block_table.shape[0], max_blocks, chunk)
     # float16 partials for half-precision models: the normalised per-block
     # output is a convex mix of V rows, well inside fp16's range
     part_dtype = torch.float32 if ieee else torch.float16
     part_o = torch.empty((T, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
     part_lse = torch.full((T, HQ, topk), float("-inf"), dtype=torch.float32, device=q.device)
     rows = pairs * G_PAD
-    sparse_attn_block_major_kernel[(t_first.numel(),)](
+    sparse_attn_block_major_kernel[(num_tiles,)](
         q, kv_cache, block_table, token_req, token_pos,
-        pair_tok, pair_slot, t_first, t_count, t_block, t_head,
+        pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
         part_o, part_lse, ks, vs, kvs, scale,
         q.stride(0), q.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         sstr[0], sstr[1], sstr[2], sstr[3],
         block_table.stride(0),
-        HQ=HQ, G=G, G_PAD=G_PAD, TM=pairs, D=D, D_PAD=D_PAD, TOPK=topk,
+        HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD, TOPK=topk,
         SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
         SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
         num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
         num_stages=tune.get("num_stages", 2),
     )
+    # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
+    # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4
     sparse_attn_merge_kernel[(T, HQ)](
         part_o, part_lse, out, out.stride(0), out.stride(1),
-        HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD, num_warps=4,
+        HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
+        num_warps=tune.get("merge_warps", 1),
     )
 
 
-__all__ = ["block_major_tiles", "block_sparse_attention", "default_prefill_token_tile"]
+__all__ = ["block_major_tiles", "block_sparse_attention", "default_prefill_layout",
+           "default_prefill_token_tile"]

@@ -8,10 +8,12 @@ tile.  ``sparse_attn_tiled`` shares blocks between consecutive tokens but
 multiplies every row of the tile with the union of their blocks.  Here the
 (token, slot) pairs of the chunk are grouped by (request, KV head, block) on
 the device (``attention.block_major_tiles``), and one program takes up to
-``TM`` pairs of one group: ``TM * G_PAD`` rows (pair-major: row ``r`` is pair
-``first + r // G_PAD``, query head ``kv_head * G + r % G_PAD``) against the
-keys of that one block, causal per row (``key position <= token position``).
-Every row it computes is needed: no masked-out work besides padding.
+``CHUNK`` pairs of one group.  It loads the block's K/V once (when the block
+is one key tile, ``SPARSE_BLOCK == BLOCK_N``) and walks its pairs ``TM`` at a
+time: ``TM * G_PAD`` rows (pair-major: row ``r`` is pair ``s0 + r // G_PAD``,
+query head ``kv_head * G + r % G_PAD``) against the keys of that one block,
+causal per row (``key position <= token position``).  Every row it computes
+is needed: no masked-out work besides padding.
 
 Its result is the softmax of the row over that one block, written as a split
 partial at the pair's selection slot, so ``sparse_attn_merge`` with
@@ -24,15 +26,19 @@ scalar folded, 2 per token and KV head, 3 scalar unfolded).
 Layouts (element strides):
   q         [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
   pair_tok, pair_slot [P] int32: pairs sorted by group (token index in
-            ``q``, selection slot)
-  tile_first, tile_count, tile_group_block, tile_group_head [num_tiles] int32:
-            first pair, pair count (0: nothing to do), block id and KV head
-            of each tile
+            ``q``, selection slot), ``block_major_group``'s output
+  group_start, counts, tile_end [NG] int32: per group (numbered
+            ``(req * HKV + kv_head) * MAX_BLOCKS + block``) its first pair,
+            its pair count and the inclusive prefix sum of its program count
+            ``cdiv(count, CHUNK)``; program ``i`` takes the group whose
+            ``tile_end`` first exceeds ``i`` (found by bisection; none: the
+            grid's surplus, nothing to do)
   part_o    [T, Hq, TOPK, D_PAD] (float32 or float16), normalised per slot
   part_lse  [T, Hq, TOPK] float32, log2 of the slot's softmax mass
 """
 
-from ._attend import attend_sparse_block, normalized_output, scales_and_operand
+from ._attend import (attend_key_tile, attend_sparse_block, load_key_tile, normalized_output,
+                      scales_and_operand)
 from ._triton import tl, triton
 
 
@@ -40,7 +46,7 @@ from ._triton import tl, triton
 def sparse_attn_block_major_kernel(
     q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr,
     pair_tok_ptr, pair_slot_ptr,
-    tile_first_ptr, tile_count_ptr, tile_block_ptr, tile_head_ptr,
+    group_start_ptr, counts_ptr, tile_end_ptr, NG, MAX_BLOCKS,
     part_o_ptr, part_lse_ptr,
     k_scale_ptr, v_scale_ptr, kvs_ptr,
     sm_scale,
@@ -48,57 +54,92 @@ def sparse_attn_block_major_kernel(
     stride_cp, stride_ckv, stride_cs, stride_ch,
     stride_sp, stride_skv, stride_ss, stride_sh,
     stride_bt,
-    HQ: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, TM: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, TM: tl.constexpr,
+    CHUNK: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, TOPK: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
 ):
     R: tl.constexpr = TM * G_PAD
+    # the whole block is one key tile: load it once for all the program's pairs
+    ONE_KEY_TILE: tl.constexpr = SPARSE_BLOCK == BLOCK_N
     tile = tl.program_id(0)
-    n = tl.load(tile_count_ptr + tile)
-    if n > 0:
-        first = tl.load(tile_first_ptr + tile)
-        b = tl.load(tile_block_ptr + tile)
-        g = tl.load(tile_head_ptr + tile)
+    # this program's group: the first whose tile_end exceeds ``tile``
+    lo = 0
+    hi = NG
+    while lo < hi:
+        mid = (lo + hi) // 2
+        up = tl.load(tile_end_ptr + mid) > tile
+        hi = tl.where(up, mid, hi)
+        lo = tl.where(up, lo, mid + 1)
+    grp = lo
+    if grp < NG:
+        r = tile - tl.load(tile_end_ptr + grp - 1, mask=grp > 0, other=0)
+        first = tl.load(group_start_ptr + grp) + r * CHUNK
+        n = tl.minimum(tl.load(counts_ptr + grp) - r * CHUNK, CHUNK)
+        b = grp % MAX_BLOCKS
+        g = (grp // MAX_BLOCKS) % HKV
+        req = tl.load(req_ptr + tl.load(pair_tok_ptr + first))  # one request per group
+        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+        k_base = kv_ptr + g * stride_ch
+        v_base = kv_ptr + stride_ckv + g * stride_ch
 
         offs_r = tl.arange(0, R)
         offs_d = tl.arange(0, D_PAD)
         offs_n = tl.arange(0, BLOCK_N)
+        dmask = offs_d < D
         row_pair = offs_r // G_PAD
         row_head = offs_r % G_PAD
-        pvalid = row_pair < n
-        rvalid = pvalid & (row_head < G)
-        dmask = offs_d < D
-        tok = tl.load(pair_tok_ptr + first + row_pair, mask=pvalid, other=0)
-        slot = tl.load(pair_slot_ptr + first + row_pair, mask=pvalid, other=0)
-        pos_r = tl.load(pos_ptr + tok, mask=pvalid, other=-1)
-        req = tl.load(req_ptr + tl.load(pair_tok_ptr + first))  # one request per group
-        tok64 = tok.to(tl.int64)
         heads = g * G + row_head
+        # keys after the program's last query position are never loaded
+        offs_c = tl.arange(0, CHUNK)
+        cvalid = offs_c < n
+        ctok = tl.load(pair_tok_ptr + first + offs_c, mask=cvalid, other=0)
+        pmax_all = tl.max(tl.load(pos_ptr + ctok, mask=cvalid, other=-1), axis=0)
+        if ONE_KEY_TILE:
+            kp = b * SPARSE_BLOCK + offs_n
+            k, v, ksc, vsc = load_key_tile(
+                k_base, v_base, kvs_ptr, bt_row, kp, kp <= pmax_all, offs_d, dmask, g,
+                1.0, 1.0, stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
+                PAGE_SIZE, 2 if SCALE_MODE == 2 else 0)
 
-        q = tl.load(q_ptr + tok64[:, None] * stride_qt + heads[:, None] * stride_qh
-                    + offs_d[None, :], mask=rvalid[:, None] & dmask[None, :], other=0.0)
-        q, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
-            q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
+        for s0 in range(0, n, TM):
+            pvalid = s0 + row_pair < n
+            rvalid = pvalid & (row_head < G)
+            tok = tl.load(pair_tok_ptr + first + s0 + row_pair, mask=pvalid, other=0)
+            slot = tl.load(pair_slot_ptr + first + s0 + row_pair, mask=pvalid, other=0)
+            pos_r = tl.load(pos_ptr + tok, mask=pvalid, other=-1)
+            tok64 = tok.to(tl.int64)
+            q = tl.load(q_ptr + tok64[:, None] * stride_qt + heads[:, None] * stride_qh
+                        + offs_d[None, :], mask=rvalid[:, None] & dmask[None, :], other=0.0)
+            q, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
+                q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
+            m_i = tl.full([R], float("-inf"), tl.float32)
+            l_i = tl.zeros([R], tl.float32)
+            acc = tl.zeros([R, D_PAD], tl.float32)
+            if ONE_KEY_TILE:
+                if SCALE_MODE == 3:  # unfolded scalar scales: per element, as loaded
+                    k_t = k.to(tl.float32) * k_elem_scale
+                    v_t = v.to(tl.float32) * v_elem_scale
+                else:
+                    k_t = k
+                    v_t = v
+                vis = rvalid[:, None] & (kp[None, :] <= pos_r[:, None])
+                m_i, l_i, acc = attend_key_tile(q, k_t, v_t, vis, m_i, l_i, acc, qk_scale,
+                                                ksc, vsc, SCALE_MODE, IEEE)
+            else:
+                pmax = tl.max(tl.where(rvalid, pos_r, -1), axis=0)
+                m_i, l_i, acc = attend_sparse_block(
+                    q, b, rvalid, pos_r, pmax, bt_row, k_base, v_base, kvs_ptr, offs_n,
+                    offs_d, dmask, g, m_i, l_i, acc, qk_scale, k_elem_scale, v_elem_scale,
+                    stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
+                    SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE)
 
-        k_base = kv_ptr + g * stride_ch
-        v_base = kv_ptr + stride_ckv + g * stride_ch
-        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
-        pmax = tl.max(tl.where(rvalid, pos_r, -1), axis=0)
-
-        m_i = tl.full([R], float("-inf"), tl.float32)
-        l_i = tl.zeros([R], tl.float32)
-        acc = tl.zeros([R, D_PAD], tl.float32)
-        m_i, l_i, acc = attend_sparse_block(
-            q, b, rvalid, pos_r, pmax, bt_row, k_base, v_base, kvs_ptr, offs_n, offs_d, dmask,
-            g, m_i, l_i, acc, qk_scale, k_elem_scale, v_elem_scale,
-            stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
-            SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE)
-
-        o = normalized_output(acc, l_i, v_scale_ptr, SCALE_MODE)
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
-        # part_o [T, HQ, TOPK, D_PAD], part_lse [T, HQ, TOPK]
-        ph = (tok64 * HQ + heads) * TOPK + slot
-        tl.store(part_o_ptr + ph[:, None] * D_PAD + offs_d[None, :],
-                 o.to(part_o_ptr.dtype.element_ty), mask=rvalid[:, None] & dmask[None, :])
-        tl.store(part_lse_ptr + ph, lse, mask=rvalid)
+            o = normalized_output(acc, l_i, v_scale_ptr, SCALE_MODE)
+            lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)),
+                           float("-inf"))
+            # part_o [T, HQ, TOPK, D_PAD], part_lse [T, HQ, TOPK]
+            ph = (tok64 * HQ + heads) * TOPK + slot
+            tl.store(part_o_ptr + ph[:, None] * D_PAD + offs_d[None, :],
+                     o.to(part_o_ptr.dtype.element_ty), mask=rvalid[:, None] & dmask[None, :])
+            tl.store(part_lse_ptr + ph, lse, mask=rvalid)

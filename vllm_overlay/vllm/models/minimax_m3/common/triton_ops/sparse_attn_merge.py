@@ -2,7 +2,7 @@
 """Log-sum-exp merge of split block-sparse attention partials.
 
 One program per (query token, query head).  Layouts:
-  part_o   [T, Hq, S, D_PAD] float32, each split already normalised
+  part_o   [T, Hq, S, D_PAD] float32 (or float16), each split already normalised
   part_lse [T, Hq, S] float32, log2 of each split's softmax mass (-inf empty)
   out      [T, Hq, D] (output dtype); rows whose splits are all empty get 0.
 """
@@ -17,6 +17,9 @@ def sparse_attn_merge_kernel(
     HQ: tl.constexpr, S: tl.constexpr, S_PAD: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    """Partials and weights are loaded side by side (an empty split's partial
+    is loaded too and weighs nothing: ``where``, never a product with what an
+    unwritten slot holds)."""
     if PDL:  # launched early: wait for the attention partials
         tl_cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
@@ -26,13 +29,13 @@ def sparse_attn_merge_kernel(
     smask = offs_s < S
     row = t * HQ + h
     lse = tl.load(part_lse_ptr + row * S + offs_s, mask=smask, other=float("-inf"))
+    o = tl.load(part_o_ptr + (row * S + offs_s[:, None]) * D_PAD + offs_d[None, :],
+                mask=smask[:, None], other=0.0)
     m = tl.max(lse, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m_safe)  # 0 for empty splits
     w_sum = tl.sum(w, axis=0)
     w = w / tl.where(w_sum > 0.0, w_sum, 1.0)
-    o = tl.load(part_o_ptr + (row * S + offs_s[:, None]) * D_PAD + offs_d[None, :],
-                mask=smask[:, None] & (w[:, None] > 0.0), other=0.0)
-    res = tl.sum(o * w[:, None], axis=0)
+    res = tl.sum(tl.where(w[:, None] > 0.0, o.to(tl.float32) * w[:, None], 0.0), axis=0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d,
              res.to(out_ptr.dtype.element_ty), mask=offs_d < D)

@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Group a prefill chunk's (token, selection slot) pairs by selected block, on
+the device, for ``sparse_attn_block_major``: a counting sort in two launches.
+
+A pair's group is ``(request, KV head, block)``, numbered
+``key = (req * HKV + kv_head) * MAX_BLOCKS + block`` (``NG`` groups; empty
+slots, block -1, belong to none).
+
+  block_major_rank_kernel     counts the pairs of each group (``counts[key]``
+                              by atomic add) and keeps each pair's rank in its
+                              group: the value the add returned;
+  block_major_scatter_kernel  writes each pair to ``group_start[key] + rank``
+                              (``group_start``: exclusive prefix sum of counts).
+
+Ranks within a group follow the atomics' order, which varies from run to run;
+every row of the block-major attention is computed on its own, so the output
+does not depend on it.
+
+Layouts (int32):
+  topk      [T, HKV, TOPK] selected block ids (-1 = empty; TOPK contiguous)
+  token_req [T]
+  pair_key, pair_rank [T * HKV * TOPK]: the group (NG for empty slots) and
+            rank of pair ``(t * HKV + kv_head) * TOPK + slot``
+  counts, group_start [NG]
+  pair_tok, pair_slot [T * HKV * TOPK]: token and slot of each pair, sorted by
+            group (the first ``sum(counts)`` entries are written)
+"""
+
+from ._triton import tl, triton
+
+
+@triton.jit
+def block_major_rank_kernel(
+    topk_ptr, req_ptr, pair_key_ptr, pair_rank_ptr, counts_ptr,
+    P, stride_tt, stride_th,
+    HKV: tl.constexpr, TOPK: tl.constexpr, MAX_BLOCKS, NG, BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < P
+    t = offs // (HKV * TOPK)
+    h = (offs // TOPK) % HKV
+    slot = offs % TOPK
+    blk = tl.load(topk_ptr + t.to(tl.int64) * stride_tt + h * stride_th + slot,
+                  mask=live, other=-1)
+    req = tl.load(req_ptr + t, mask=live, other=0)
+    valid = blk >= 0
+    key = tl.where(valid, (req * HKV + h) * MAX_BLOCKS + blk, NG)
+    rank = tl.atomic_add(counts_ptr + key, tl.full([BLOCK], 1, tl.int32), mask=valid,
+                         sem="relaxed")
+    tl.store(pair_key_ptr + offs, key, mask=live)
+    tl.store(pair_rank_ptr + offs, rank, mask=live & valid)
+
+
+@triton.jit
+def block_major_scatter_kernel(
+    pair_key_ptr, pair_rank_ptr, group_start_ptr, pair_tok_ptr, pair_slot_ptr,
+    P, NG, HKV: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < P
+    key = tl.load(pair_key_ptr + offs, mask=live, other=NG)
+    valid = key < NG
+    rank = tl.load(pair_rank_ptr + offs, mask=valid, other=0)
+    dst = tl.load(group_start_ptr + key, mask=valid, other=0) + rank
+    tl.store(pair_tok_ptr + dst, offs // (HKV * TOPK), mask=valid)
+    tl.store(pair_slot_ptr + dst, offs % TOPK, mask=valid)
