@@ -255,12 +255,17 @@ def correctness(index_block_topk, block_sparse_attention, dev):
                     entry.update(fp8_index_valid_fraction=f8, fp8_index_msg=m8,
                                  fp8_index_overlap_with_bf16=overlap(sel8, sel))
                 outs = {}
-                for splits in (None, 1, 4):
+                variants = [dict(num_splits=n) for n in (None, 1, 4)]
+                if nd == 0:  # prefill: also the engine's layout (block-major from 1024 tokens)
+                    variants.append(default_layout(block_sparse_attention, bt.T, max(ctxs),
+                                                   kv_mode != 0))
+                    entry["layout"] = variants[-1]
+                for i, kw in enumerate(variants):
                     o = torch.full_like(bt.q, float("nan"))
                     block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
                                            bt.token_pos, sel, B, D ** -0.5, kv_mode, bt.k_scale,
-                                           bt.v_scale, bt.kv_scales, out=o, num_splits=splits)
-                    outs[splits] = o
+                                           bt.v_scale, bt.kv_scales, out=o, **kw)
+                    outs[i] = o
                 ref = ref_attention(bt, sel)
                 err = max(float((o.float() - ref).abs().max()) for o in outs.values())
                 nan = any(bool(o.isnan().any()) for o in outs.values())

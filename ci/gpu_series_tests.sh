@@ -8,7 +8,10 @@
 #   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
 #   graphs_one_launch  graphs == eager in fp32 with VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1
 #   graphs_token_tile  graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4
-#   graphs_block_major graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=8
+#   graphs_block_major graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4
+#            (the test prompts are shorter than the 1024 prefill tokens from which the
+#            engine picks block-major by itself)
+#   parity_block_major  the bf16 teacher-forced parity with transformers, block-major forced
 #   fp8index tests/models/test_minimax_m3_fp8_index.py (optional FP8 index-key cache)
 # DEADLINE_EPOCH (seconds since the epoch): suites are cut to end before it, or skipped.
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
@@ -30,11 +33,13 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8index]="tests/models/test_minimax_m3_fp8_index.py"
   [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused_shared or bf16_teacher'"
-  [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'")
+  [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'"
+  [parity_block_major]="tests/models/test_minimax_m3.py -k 'bf16_teacher or chunked_prefill'")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1"
   [graphs_token_tile]="VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4"
-  [graphs_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=8")
+  [graphs_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
+  [parity_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4")
 BUDGET=${SUITE_TIMEOUT:-400}
 # EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU
 # image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...)

@@ -6,7 +6,8 @@ anything but 0 / 1.
   merge in the Triton decode kernels.
   VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE (unset: by context length): token tiles in the Triton
   prefill attention.
-  VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR (default 0): block-major Triton prefill attention.
+  VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR (unset: by the number of prefill tokens): block-major
+  Triton prefill attention.
 """
 
 import pytest
@@ -51,9 +52,7 @@ def test_prefill_token_tile(monkeypatch):
 
 def test_default_prefill_token_tile():
     """Token tiles only while the context is at most 4 x top-k sparse blocks
-    (8 tokens per program with bf16 KV, 4 with fp8); decode-only batches and
-    an explicit setting bypass the rule."""
-    from vllm.models.minimax_m3.common import backend
+    (8 tokens per program with bf16 KV, 4 with fp8)."""
     from vllm.models.minimax_m3.common.triton_ops import default_prefill_token_tile as rule
 
     assert rule(8192, 128, 16, kv_fp8=False) == 8
@@ -64,33 +63,58 @@ def test_default_prefill_token_tile():
     assert rule(4096, 64, 16, kv_fp8=False) == 8 and rule(4097, 64, 16, kv_fp8=False) == 0
     assert rule(0, 128, 16, kv_fp8=False) == 0  # captured graphs: context unknown
 
+
+def test_prefill_layout():
+    """The engine's prefill layout: block-major (4 pairs per step) from 1024
+    prefill tokens, token tiles by the context-length rule below that;
+    decode-only batches one token per program; an environment setting wins
+    (block-major first, then the token tile); block-major set to 0 leaves the
+    token-tile rule."""
+    from vllm.models.minimax_m3.common import backend
+    from vllm.models.minimax_m3.common.triton_ops import default_prefill_layout as rule
+
+    assert rule(1024, 131072, 128, 16, kv_fp8=False) == dict(token_tile=0, block_major=4)
+    assert rule(1023, 4000, 128, 16, kv_fp8=False) == dict(token_tile=8, block_major=0)
+    assert rule(1023, 40000, 128, 16, kv_fp8=True) == dict(token_tile=0, block_major=0)
+
     impl = backend.MiniMaxM3SparseImpl.__new__(backend.MiniMaxM3SparseImpl)
-    impl.sparse_block, impl.topk_blocks, impl.prefill_token_tile = 128, 16, None
-    impl.prefill_block_major = 0
+    impl.sparse_block, impl.topk_blocks = 128, 16
+    impl.prefill_token_tile, impl.prefill_block_major = None, None
 
     def md(num_decode, max_seq_len, T=10):
         return backend.MiniMaxM3SparseMetadata(T, None, None, None, None, None,
                                                num_decode, max_seq_len)
-    assert impl._token_tile(md(10, 4000), kv_fp8=False) == 0  # decode only
-    assert impl._token_tile(md(3, 4000), kv_fp8=False) == 8
-    assert impl._token_tile(md(3, 4000), kv_fp8=True) == 4
-    assert impl._token_tile(md(3, 40000), kv_fp8=False) == 0
+
+    def layout(*a, kv_fp8=False, **kw):
+        got = impl._prefill_layout(md(*a, **kw), kv_fp8=kv_fp8)
+        return got["token_tile"], got["block_major"]
+    assert layout(10, 4000) == (0, 0)  # decode only
+    assert layout(3, 4000) == (8, 0)
+    assert layout(3, 4000, kv_fp8=True) == (4, 0)
+    assert layout(3, 40000) == (0, 0)
+    assert layout(3, 40000, T=1027) == (0, 4)  # 1024 prefill tokens
+    assert layout(3, 4000, T=1026) == (8, 0)
     impl.prefill_token_tile = 2
-    assert impl._token_tile(md(3, 40000), kv_fp8=False) == 2
-    assert impl._token_tile(md(10, 40000), kv_fp8=False) == 0
-    impl.prefill_block_major = 8  # the block-major layout replaces token tiles
-    assert impl._token_tile(md(3, 4000), kv_fp8=False) == 0
+    assert layout(3, 40000) == (2, 0)
+    assert layout(3, 40000, T=5000) == (2, 0)
+    assert layout(10, 40000) == (0, 0)
+    impl.prefill_block_major = 8  # set: replaces token tiles at any size
+    assert layout(3, 4000) == (0, 8)
+    assert layout(10, 4000) == (0, 0)
+    impl.prefill_token_tile, impl.prefill_block_major = None, 0  # off: the token-tile rule
+    assert layout(3, 4000, T=5000) == (8, 0)
+    assert layout(3, 40000, T=5000) == (0, 0)
 
 
 def test_prefill_block_major(monkeypatch):
-    """VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR (default 0 = off): (token, slot)
-    pairs per program of the block-major prefill attention, a power of two up
-    to 16; 1 means off."""
+    """VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR (unset: the rule): (token, slot)
+    pairs per step of the block-major prefill attention, a power of two up to
+    16; 0 and 1 mean off."""
     from vllm.models.minimax_m3.common import backend
 
     name = "VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR"
     monkeypatch.delenv(name, raising=False)
-    assert backend.prefill_block_major() == 0
+    assert backend.prefill_block_major() is None
     for value, want in (("0", 0), ("1", 0), ("2", 2), ("8", 8), ("16", 16)):
         monkeypatch.setenv(name, value)
         assert backend.prefill_block_major() == want

@@ -116,16 +116,21 @@ def prefill_token_tile() -> int | None:
     return int(value)
 
 
-def prefill_block_major() -> int:
-    """``VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR`` (default 0 = off): for batches
-    with prefill tokens the Triton attention groups the prefill tokens'
-    (token, slot) pairs by selected block and runs one program per block and
-    this many pairs (``block_major``; a power of two up to 16).  Not yet
-    measured on a GPU, hence off; it replaces the token tiles when set."""
+def prefill_block_major() -> int | None:
+    """``VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR``: for batches with prefill tokens
+    the Triton attention groups the prefill tokens' (token, slot) pairs by
+    selected block and runs one program per block and up to 64 pairs, this
+    many per step (``block_major``; a power of two up to 16); 0 or 1 turns it
+    off.  Unset (None): the measured rule ``triton_ops.default_prefill_layout``
+    (block-major, 4 per step, from 1024 prefill tokens).  Set, it replaces the
+    token tiles."""
     name = "VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR"
-    value = os.environ.get(name, "0")
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
     if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
-        raise ValueError(f"{name} must be 0 or a power of two up to 16, got {value!r}")
+        raise ValueError(f"{name} must be 0 or a power of two up to 16 (unset: by the "
+                         f"number of prefill tokens), got {value!r}")
     return int(value) if int(value) > 1 else 0
 
 
@@ -464,22 +469,29 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             kv_scales,
             **({"fold_scalar_scales": self.fold_scalar_scales,
                 "fused_merge": self.one_launch,
-                "token_tile": self._token_tile(md, mode != 0),
-                "block_major": (self.prefill_block_major
-                                if md.num_decode_tokens < md.num_actual_tokens else 0),
+                **self._prefill_layout(md, mode != 0),
                 "tile_start": md.num_decode_tokens}
                if ops.triton else {}),
         )
         output[:T] = out
         return output
 
-    def _token_tile(self, md: MiniMaxM3SparseMetadata, kv_fp8: bool) -> int:
-        """Tokens per program of the Triton attention for the batch's prefill
-        tokens (0: one per program; decode-only batches always 0)."""
-        if md.num_decode_tokens >= md.num_actual_tokens or self.prefill_block_major:
-            return 0
+    def _prefill_layout(self, md: MiniMaxM3SparseMetadata, kv_fp8: bool) -> dict:
+        """The Triton attention's layout for the batch's prefill tokens
+        (``token_tile`` / ``block_major`` keyword arguments; decode-only
+        batches: one token per program).  An environment setting wins:
+        block-major first, then the token tile; unset, the measured rule."""
+        from vllm.models.minimax_m3.common.triton_ops import (default_prefill_layout,
+                                                              default_prefill_token_tile)
+        if md.num_decode_tokens >= md.num_actual_tokens:
+            return dict(token_tile=0, block_major=0)
+        if self.prefill_block_major:
+            return dict(token_tile=0, block_major=self.prefill_block_major)
         if self.prefill_token_tile is not None:
-            return self.prefill_token_tile
-        from vllm.models.minimax_m3.common.triton_ops import default_prefill_token_tile
-        return default_prefill_token_tile(md.max_seq_len, self.sparse_block,
-                                          self.topk_blocks, kv_fp8)
+            return dict(token_tile=self.prefill_token_tile, block_major=0)
+        if self.prefill_block_major == 0:  # block-major turned off: token tiles by rule
+            return dict(token_tile=default_prefill_token_tile(
+                md.max_seq_len, self.sparse_block, self.topk_blocks, kv_fp8), block_major=0)
+        return default_prefill_layout(md.num_actual_tokens - md.num_decode_tokens,
+                                      md.max_seq_len, self.sparse_block, self.topk_blocks,
+                                      kv_fp8)
