@@ -779,6 +779,15 @@ SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_
                "block_major")
 
 
+def checked_time(timer, run, check=lambda: None):
+    """(check(), median microseconds of ``run``), or (None, the error's repr)
+    when either raises: one failing sweep variant does not end the sweep."""
+    try:
+        return check(), timer.time_fn(run)
+    except Exception as e:  # noqa: BLE001
+        return None, repr(e)[:200]
+
+
 def sweep(timer, dev, kinds=SWEEP_KINDS):
     """Tuning sweep of the launch-shape knobs (not part of the table); ``kinds``
     picks the sweeps and their order (decode index + attention, prefill index,
@@ -813,12 +822,9 @@ def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
                           (4, dict(decode_stages=3)), (8, dict(decode_stages=3)),
                           (4, dict(decode_stages=3, decode_warps=8)),
                           (1, dict(decode_warps=8)), (2, dict(decode_warps=2))):
-            try:
-                t = timer.time_fn(lambda: index_block_topk(
-                    bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
-                    out=sel, num_decode_tokens=bt.T, blocks_per_prog=bpp, _tune=tune))
-            except Exception as e:  # noqa: BLE001
-                t = repr(e)[:200]
+            _, t = checked_time(timer, lambda: index_block_topk(
+                bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                out=sel, num_decode_tokens=bt.T, blocks_per_prog=bpp, _tune=tune))
             out.append(dict(kind="decode_index", batch=batch, context=ctx, blocks_per_prog=bpp,
                             tune=tune, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
@@ -836,12 +842,9 @@ def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
                                 (8, dict(prefetch_rows=True), False),
                                 (16, dict(prefetch_rows=True), False),
                                 (8, dict(prefetch_rows=True, BLOCK_N=64), False)):
-            try:
-                t = timer.time_fn(lambda: block_sparse_attention(
-                    bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
-                    out=o, num_splits=ns, fused_merge=fused, _tune=tune))
-            except Exception as e:  # noqa: BLE001
-                t = repr(e)[:200]
+            _, t = checked_time(timer, lambda: block_sparse_attention(
+                bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
+                out=o, num_splits=ns, fused_merge=fused, _tune=tune))
             out.append(dict(kind="decode_attn", batch=batch, context=ctx, num_splits=ns,
                             tune=tune, fused_merge=fused, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
@@ -939,11 +942,9 @@ def sweep_prefill_index(timer, dev, index_block_topk, block_sparse_attention):
                 return index_block_topk(
                     bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
                     num_decode_tokens=0, context_splits=splits, _tune=tune)
-            try:
-                same = bool(torch.equal(run().sort(-1).values, ref.sort(-1).values))
-                t = timer.time_fn(run)
-            except Exception as e:  # noqa: BLE001
-                same, t = None, repr(e)[:200]
+            same, t = checked_time(
+                timer, run,
+                lambda: bool(torch.equal(run().sort(-1).values, ref.sort(-1).values)))
             out.append(dict(kind="prefill_index", context=ctx, context_splits=splits,
                             tune=tune, ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
@@ -964,11 +965,9 @@ def sweep_prefill_index_wide(timer, dev, index_block_topk, block_sparse_attentio
             def run():
                 return index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                         bt.token_pos, B, TOPK, num_decode_tokens=0, _tune=tune)
-            try:
-                same = bool(torch.equal(run().sort(-1).values, ref.sort(-1).values))
-                t = timer.time_fn(run)
-            except Exception as e:  # noqa: BLE001
-                same, t = None, repr(e)[:200]
+            same, t = checked_time(
+                timer, run,
+                lambda: bool(torch.equal(run().sort(-1).values, ref.sort(-1).values)))
             out.append(dict(kind="prefill_index_wide", context=ctx, tune=tune,
                             ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
@@ -987,12 +986,9 @@ def sweep_prefill_index_shapes(timer, dev, index_block_topk, block_sparse_attent
                      dict(BLOCK_M=64, num_warps=4, num_stages=2),
                      dict(BLOCK_M=128, num_warps=4, prefetch_rows=True),
                      dict(BLOCK_M=64, num_warps=4, prefetch_rows=True)):
-            try:
-                t = timer.time_fn(lambda: index_block_topk(
-                    bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
-                    num_decode_tokens=0, _tune=tune))
-            except Exception as e:  # noqa: BLE001
-                t = repr(e)[:200]
+            _, t = checked_time(timer, lambda: index_block_topk(
+                bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                num_decode_tokens=0, _tune=tune))
             out.append(dict(kind="prefill_index", context=ctx, tune=tune, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
@@ -1127,12 +1123,9 @@ def sweep_prefill_attn(timer, dev, index_block_topk, block_sparse_attention):
                      dict(BLOCK_N=128, num_warps=8, num_stages=3),
                      dict(BLOCK_N=128, num_warps=4, prefetch_rows=True),
                      dict(BLOCK_N=64, num_warps=4, prefetch_rows=True)):
-            try:
-                t = timer.time_fn(lambda: block_sparse_attention(
-                    bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
-                    kv_mode, bt.k_scale, bt.v_scale, None, out=o, _tune=tune))
-            except Exception as e:  # noqa: BLE001
-                t = repr(e)[:200]
+            _, t = checked_time(timer, lambda: block_sparse_attention(
+                bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B, D ** -0.5,
+                kv_mode, bt.k_scale, bt.v_scale, None, out=o, _tune=tune))
             out.append(dict(kind="prefill_attn", kv_mode=kv_mode, context=32768, tune=tune, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
@@ -1161,12 +1154,10 @@ def sweep_fp8_index(timer, dev, index_block_topk, block_sparse_attention):
                     bt.idx_q, bt.idx_k8, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
                     idx_k_scales=bt.idx_s, out=sel, num_decode_tokens=bt.T,
                     blocks_per_prog=bpp, _tune=tune)
-            try:
+            def same_as_ref():
                 run()
-                same = bool(torch.equal(sel, ref))
-                t = timer.time_fn(run)
-            except Exception as e:  # noqa: BLE001
-                same, t = None, repr(e)[:200]
+                return bool(torch.equal(sel, ref))
+            same, t = checked_time(timer, run, same_as_ref)
             out.append(dict(kind="fp8_index_decode", batch=batch, context=ctx,
                             blocks_per_prog=bpp, tune=tune, ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)

@@ -10,13 +10,14 @@ and torch reductions over the same bytes.  Results: $OUT/probe_merge.json.
 
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+
+from bench_msa import Timer  # ci/ is the script's directory
 
 T, HQ, S, D = 8192, 16, 16, 128
 
@@ -56,25 +57,7 @@ def sum_only_kernel(part_o_ptr, out_ptr, S: tl.constexpr, D: tl.constexpr):
 def main():
     dev = torch.device("cuda")
     reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 50
-    flush = torch.empty(256 << 20, dtype=torch.int8, device=dev)
-
-    def time_fn(fn):
-        for _ in range(2):
-            fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        ts = []
-        for _ in range(reps):
-            flush.zero_()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            ts.append((e0, e1))
-        torch.cuda.synchronize()
-        return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ts)
+    time_fn = Timer(dev, reps).time_fn  # the benchmark's: graph replay, L2 flushed
 
     from vllm.models.minimax_m3.common.triton_ops.sparse_attn_merge import (
         sparse_attn_merge_kernel)

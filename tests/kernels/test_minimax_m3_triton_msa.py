@@ -441,6 +441,22 @@ def test_block_sparse_attention(case, shape, dtype):
             assert_counters_zero()
 
 
+# every KV scale mode: (kv_scale_mode, fold_scalar_scales)
+SCALE_MODES = ((0, True), (1, True), (1, False), (2, True))
+
+
+def scale_mode_cases(batch, q, sel, Hkv, D, B, dtype):
+    """Per KV scale mode (and folding): the mode, the folding, the cache and its
+    scales (kv, k_scale, v_scale, kv_scales), the oracle's output on the
+    dequantized cache, and the tolerances."""
+    for mode, fold in SCALE_MODES:
+        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
+        ref = ref_attention(batch, q, deq, sel, B, D ** -0.5)
+        atol, rtol = tol(dtype)
+        atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
+        yield mode, fold, (kv, ks, vs, kvs), ref, atol, rtol
+
+
 def shared_selection(batch, Hkv, topk, B):
     """Prefill-like selections: each token keeps most of the previous token's
     blocks (same request), swaps one at random and always has its own block,
@@ -484,11 +500,8 @@ def test_block_sparse_attention_block_major(case, shape):
     sel = (shared_selection if shape == 0 else random_selection)(batch, Hkv, topk, B)
     q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
     scale = D ** -0.5
-    for mode, fold in ((0, True), (1, True), (1, False), (2, True)):
-        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
-        ref = ref_attention(batch, q, deq, sel, B, scale)
-        atol, rtol = tol(dtype)
-        atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
+    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
+            batch, q, sel, Hkv, D, B, dtype):
         # programs of a few pairs (groups span several programs); a block of
         # several key tiles (walked per step, not loaded once); the defaults
         for tm, start, tune in ((2, 0, dict(pairs_per_program=4)),
@@ -573,12 +586,8 @@ def test_block_sparse_attention_token_tiles(case, selection):
     q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
     scale = D ** -0.5
     tiles = (2, 4) if not ON_GPU else (2, 4, 8)
-    modes = ((0, True), (1, True), (1, False), (2, True))
-    for mode, fold in modes:
-        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
-        ref = ref_attention(batch, q, deq, sel, B, scale)
-        atol, rtol = tol(dtype)
-        atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
+    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
+            batch, q, sel, Hkv, D, B, dtype):
         for tm in tiles:
             # tile_start: the batch's decode tokens (listed first) one per program,
             # or an arbitrary split point
@@ -608,11 +617,8 @@ def test_block_sparse_attention_prefetch_rows(case):
     sel = random_selection(batch, Hkv, topk, B)
     q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
     scale = D ** -0.5
-    for mode, fold in ((0, True), (1, True), (1, False), (2, True)):
-        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
-        ref = ref_attention(batch, q, deq, sel, B, scale)
-        atol, rtol = tol(dtype)
-        atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
+    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
+            batch, q, sel, Hkv, D, B, dtype):
         for block_n, splits in ((B, 1), (B // 2, 1), (B // 2, 2)):
             out = torch.full_like(q, float("nan"))
             got = block_sparse_attention(

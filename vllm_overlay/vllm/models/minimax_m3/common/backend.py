@@ -98,6 +98,18 @@ def one_launch_decode() -> bool:
     return _env_flag("VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE", "0")
 
 
+def _env_pow2(name: str, unset: str) -> int | None:
+    """An environment setting that is 0 or a power of two up to 16; None when
+    unset or empty (``unset`` says what the engine does then)."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
+        raise ValueError(f"{name} must be 0 or a power of two up to 16 (unset: {unset}), "
+                         f"got {value!r}")
+    return int(value)
+
+
 def prefill_token_tile() -> int | None:
     """``VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE``: for batches with prefill tokens
     the Triton attention runs one program per this many consecutive prefill
@@ -106,14 +118,7 @@ def prefill_token_tile() -> int | None:
     of two up to 16, 0 or 1 for one token per program.  Unset (None): the
     measured rule ``triton_ops.default_prefill_token_tile`` on the batch's
     longest context (tiles for short contexts only)."""
-    name = "VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE"
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
-        raise ValueError(f"{name} must be 0 or a power of two up to 16 (unset: "
-                         f"by context length), got {value!r}")
-    return int(value)
+    return _env_pow2("VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE", "by context length")
 
 
 def prefill_block_major() -> int | None:
@@ -124,14 +129,8 @@ def prefill_block_major() -> int | None:
     off.  Unset (None): the measured rule ``triton_ops.default_prefill_layout``
     (block-major, 4 per step, from 1024 prefill tokens).  Set, it replaces the
     token tiles."""
-    name = "VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR"
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
-        raise ValueError(f"{name} must be 0 or a power of two up to 16 (unset: by the "
-                         f"number of prefill tokens), got {value!r}")
-    return int(value) if int(value) > 1 else 0
+    value = _env_pow2("VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR", "by the number of prefill tokens")
+    return value if value is None or value > 1 else 0
 
 
 @dataclass
