@@ -1040,7 +1040,13 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              ("bm4_c128", dict(block_major=4,
                                                _tune=dict(pairs_per_program=128))),
                              ("bm4_mw2", dict(block_major=4, _tune=dict(merge_warps=2))),
-                             ("bm4_s3", dict(block_major=4, _tune=dict(num_stages=3)))):
+                             ("bm4_s3", dict(block_major=4, _tune=dict(num_stages=3))),
+                             ("bm4_s1", dict(block_major=4, _tune=dict(num_stages=1))),
+                             ("bm4_reload", dict(block_major=4, _tune=dict(hold_kv=False))),
+                             ("bm4_reload_s3", dict(block_major=4,
+                                                    _tune=dict(hold_kv=False, num_stages=3))),
+                             ("bm2", dict(block_major=2)),
+                             ("bm8_reload", dict(block_major=8, _tune=dict(hold_kv=False)))):
                 def run(o=o, kw=kw):
                     return block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,

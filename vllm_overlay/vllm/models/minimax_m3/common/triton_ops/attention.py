@@ -77,6 +77,9 @@ TOKEN_TILE_MAX_BLOCKS_PER_TOPK = 4
 # block-major prefill: (token, slot) pairs per program (one K/V load for all)
 BLOCK_MAJOR_PAIRS = 64
 GROUP_BLOCK = 1024  # pairs per program of the grouping launches
+# partial outputs of one block-major launch, at most: an 8192-token chunk x 16
+# heads x top-16 x 128 in fp16; longer batches (or more heads) run in slices
+BLOCK_MAJOR_PARTIAL_BYTES = 512 << 20
 
 
 def default_prefill_token_tile(max_context: int, sparse_block: int, topk: int,
@@ -210,7 +213,10 @@ def block_sparse_attention(
         Off unless asked for.
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
         num_stages; ``pairs_per_program``: block-major pairs per program, default
-        ``BLOCK_MAJOR_PAIRS``; ``prefetch_rows``: the per-token kernel resolves the next
+        ``BLOCK_MAJOR_PAIRS``; ``hold_kv``: block-major keeps the block's K/V in
+        registers for all of them (default) or loads it again each step;
+        ``partial_bytes``: block-major partial outputs per launch, default
+        ``BLOCK_MAJOR_PARTIAL_BYTES``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
         until the H200 says it pays; ``pdl``: programmatic dependent launch of
         the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL).
@@ -353,7 +359,25 @@ def block_sparse_attention(
 def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_blocks,
                            sparse_block, scale, out, pairs, kernel_mode, ks, vs, kvs, sstr,
                            G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune):
-    """``block_major`` for tokens that all take the block-major path."""
+    """``block_major`` for tokens that all take the block-major path, in
+    launches of at most ``BLOCK_MAJOR_PARTIAL_BYTES`` of partial outputs (the
+    temporaries are not part of vLLM's memory profile)."""
+    T, HQ, _ = q.shape
+    per_token = HQ * topk_blocks.shape[2] * D_PAD * (4 if ieee else 2)
+    max_tokens = max(1, int(tune.get("partial_bytes", BLOCK_MAJOR_PARTIAL_BYTES)) // per_token)
+    step = cdiv(T, cdiv(T, max_tokens))  # even slices, no small tail
+    for s in range(0, T, step):
+        e = min(T, s + step)
+        _block_major_launch(q[s:e], kv_cache, block_table, token_req[s:e], token_pos[s:e],
+                            topk_blocks[s:e], sparse_block, scale, out[s:e], pairs,
+                            kernel_mode, ks, vs, kvs, sstr, G, G_PAD, D_PAD, BLOCK_N, ieee,
+                            fp16_mma, tune)
+
+
+def _block_major_launch(q, kv_cache, block_table, token_req, token_pos, topk_blocks,
+                        sparse_block, scale, out, pairs, kernel_mode, ks, vs, kvs, sstr,
+                        G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune):
+    """Grouping, block-major kernel and merge for one slice of tokens."""
     T, HQ, D = q.shape
     _, _, page_size, HKV, _ = kv_cache.shape
     topk = topk_blocks.shape[2]
@@ -380,6 +404,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD, TOPK=topk,
         SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
         SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
+        HOLD_KV=bool(tune.get("hold_kv", True)),
         num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
         num_stages=tune.get("num_stages", 2),
     )

@@ -59,10 +59,13 @@ def sparse_attn_block_major_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, TOPK: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
+    HOLD_KV: tl.constexpr = True,
 ):
     R: tl.constexpr = TM * G_PAD
-    # the whole block is one key tile: load it once for all the program's pairs
-    ONE_KEY_TILE: tl.constexpr = SPARSE_BLOCK == BLOCK_N
+    # the whole block is one key tile: load it once into registers for all the
+    # program's pairs (HOLD_KV; else every step loads it again, from L2, through
+    # the loop's software pipeline into shared memory)
+    ONE_KEY_TILE: tl.constexpr = HOLD_KV and SPARSE_BLOCK == BLOCK_N
     tile = tl.program_id(0)
     # this program's group: the first whose tile_end exceeds ``tile``
     lo = 0
