@@ -1046,7 +1046,12 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              ("bm4_reload_s3", dict(block_major=4,
                                                     _tune=dict(hold_kv=False, num_stages=3))),
                              ("bm2", dict(block_major=2)),
-                             ("bm8_reload", dict(block_major=8, _tune=dict(hold_kv=False)))):
+                             ("bm8_reload", dict(block_major=8, _tune=dict(hold_kv=False))),
+                             # slices whose partials may stay in L2 for the merge
+                             ("bm4_p32m", dict(block_major=4,
+                                               _tune=dict(partial_bytes=32 << 20))),
+                             ("bm4_p128m", dict(block_major=4,
+                                                _tune=dict(partial_bytes=128 << 20)))):
                 def run(o=o, kw=kw):
                     return block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
