@@ -269,7 +269,7 @@ def block_sparse_attention(
         raise ValueError(f"token_tile must be a power of two (tokens per program), "
                          f"got {token_tile}")
     if block_major and (block_major < 1 or block_major & (block_major - 1)):
-        raise ValueError(f"block_major must be a power of two (pairs per program), "
+        raise ValueError(f"block_major must be a power of two (pairs per step), "
                          f"got {block_major}")
     if token_tile > 1 and block_major > 1:
         raise ValueError("token_tile and block_major are two prefill layouts; pick one")
@@ -359,25 +359,10 @@ def block_sparse_attention(
 def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_blocks,
                            sparse_block, scale, out, pairs, kernel_mode, ks, vs, kvs, sstr,
                            G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune):
-    """``block_major`` for tokens that all take the block-major path, in
-    launches of at most ``BLOCK_MAJOR_PARTIAL_BYTES`` of partial outputs (the
-    temporaries are not part of vLLM's memory profile)."""
-    T, HQ, _ = q.shape
-    per_token = HQ * topk_blocks.shape[2] * D_PAD * (4 if ieee else 2)
-    max_tokens = max(1, int(tune.get("partial_bytes", BLOCK_MAJOR_PARTIAL_BYTES)) // per_token)
-    step = cdiv(T, cdiv(T, max_tokens))  # even slices, no small tail
-    for s in range(0, T, step):
-        e = min(T, s + step)
-        _block_major_launch(q[s:e], kv_cache, block_table, token_req[s:e], token_pos[s:e],
-                            topk_blocks[s:e], sparse_block, scale, out[s:e], pairs,
-                            kernel_mode, ks, vs, kvs, sstr, G, G_PAD, D_PAD, BLOCK_N, ieee,
-                            fp16_mma, tune)
-
-
-def _block_major_launch(q, kv_cache, block_table, token_req, token_pos, topk_blocks,
-                        sparse_block, scale, out, pairs, kernel_mode, ks, vs, kvs, sstr,
-                        G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune):
-    """Grouping, block-major kernel and merge for one slice of tokens."""
+    """``block_major`` for tokens that all take the block-major path: grouping,
+    block-major kernel and merge, in launches of at most
+    ``BLOCK_MAJOR_PARTIAL_BYTES`` of partial outputs (the temporaries are not
+    part of vLLM's memory profile)."""
     T, HQ, D = q.shape
     _, _, page_size, HKV, _ = kv_cache.shape
     topk = topk_blocks.shape[2]
@@ -385,36 +370,44 @@ def _block_major_launch(q, kv_cache, block_table, token_req, token_pos, topk_blo
     # pairs per program (a multiple of ``pairs``, the pairs per step): the
     # block's K/V is loaded once for all of them
     chunk = max(pairs, next_pow2(int(tune.get("pairs_per_program", BLOCK_MAJOR_PAIRS))))
-    pair_tok, pair_slot, group_start, counts, tile_end, num_tiles = block_major_tiles(
-        token_req, topk_blocks, block_table.shape[0], max_blocks, chunk)
     # float16 partials for half-precision models: the normalised per-block
     # output is a convex mix of V rows, well inside fp16's range
     part_dtype = torch.float32 if ieee else torch.float16
-    part_o = torch.empty((T, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
-    part_lse = torch.full((T, HQ, topk), float("-inf"), dtype=torch.float32, device=q.device)
+    per_token = HQ * topk * D_PAD * part_dtype.itemsize
+    max_tokens = max(1, int(tune.get("partial_bytes", BLOCK_MAJOR_PARTIAL_BYTES)) // per_token)
+    step = cdiv(T, cdiv(T, max_tokens))  # even slices, no small tail
     rows = pairs * G_PAD
-    sparse_attn_block_major_kernel[(num_tiles,)](
-        q, kv_cache, block_table, token_req, token_pos,
-        pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
-        part_o, part_lse, ks, vs, kvs, scale,
-        q.stride(0), q.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        sstr[0], sstr[1], sstr[2], sstr[3],
-        block_table.stride(0),
-        HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD, TOPK=topk,
-        SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
-        SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
-        HOLD_KV=bool(tune.get("hold_kv", True)),
-        num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
-        num_stages=tune.get("num_stages", 2),
-    )
-    # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
-    # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4
-    sparse_attn_merge_kernel[(T, HQ)](
-        part_o, part_lse, out, out.stride(0), out.stride(1),
-        HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
-        num_warps=tune.get("merge_warps", 1),
-    )
+    for s in range(0, T, step):
+        q_s, out_s = q[s:s + step], out[s:s + step]
+        req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
+        n = q_s.shape[0]
+        pair_tok, pair_slot, group_start, counts, tile_end, num_tiles = block_major_tiles(
+            req_s, topk_blocks[s:s + step], block_table.shape[0], max_blocks, chunk)
+        part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
+        part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
+                              device=q.device)
+        sparse_attn_block_major_kernel[(num_tiles,)](
+            q_s, kv_cache, block_table, req_s, pos_s,
+            pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
+            part_o, part_lse, ks, vs, kvs, scale,
+            q.stride(0), q.stride(1),
+            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+            sstr[0], sstr[1], sstr[2], sstr[3],
+            block_table.stride(0),
+            HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD,
+            TOPK=topk, SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
+            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
+            HOLD_KV=bool(tune.get("hold_kv", True)),
+            num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
+            num_stages=tune.get("num_stages", 2),
+        )
+        # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
+        # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4
+        sparse_attn_merge_kernel[(n, HQ)](
+            part_o, part_lse, out_s, out.stride(0), out.stride(1),
+            HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
+            num_warps=tune.get("merge_warps", 1),
+        )
 
 
 __all__ = ["block_major_tiles", "block_sparse_attention", "default_prefill_layout",
