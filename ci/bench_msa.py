@@ -1040,18 +1040,13 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              ("bm4_c128", dict(block_major=4,
                                                _tune=dict(pairs_per_program=128))),
                              ("bm4_mw2", dict(block_major=4, _tune=dict(merge_warps=2))),
-                             ("bm4_s3", dict(block_major=4, _tune=dict(num_stages=3))),
-                             ("bm4_s1", dict(block_major=4, _tune=dict(num_stages=1))),
-                             ("bm4_reload", dict(block_major=4, _tune=dict(hold_kv=False))),
-                             ("bm4_reload_s3", dict(block_major=4,
-                                                    _tune=dict(hold_kv=False, num_stages=3))),
+                             # the default is one stage since run 10
+                             ("bm4_s2", dict(block_major=4, _tune=dict(num_stages=2))),
+                             ("bm4_c32", dict(block_major=4,
+                                              _tune=dict(pairs_per_program=32))),
+                             ("bm4_w8", dict(block_major=4, _tune=dict(num_warps=8))),
                              ("bm2", dict(block_major=2)),
-                             ("bm8_reload", dict(block_major=8, _tune=dict(hold_kv=False))),
-                             # slices whose partials may stay in L2 for the merge
-                             ("bm4_p32m", dict(block_major=4,
-                                               _tune=dict(partial_bytes=32 << 20))),
-                             ("bm4_p128m", dict(block_major=4,
-                                                _tune=dict(partial_bytes=128 << 20)))):
+                             ("bm8_w4", dict(block_major=8, _tune=dict(num_warps=4)))):
                 def run(o=o, kw=kw):
                     return block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
@@ -1072,7 +1067,7 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
             out.extend(block_major_parts(timer, bt, sel, ctx, kv_mode))
             del bt
     # short chunks: where the grouping's fixed cost stops paying
-    for n in (256, 1024, 2048, 4096):
+    for n in (256, 512, 1024, 2048, 4096):
         for kv_mode in (0, 1):
             bt = Batch([32768], n, kv_mode, dev)
             sel = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,

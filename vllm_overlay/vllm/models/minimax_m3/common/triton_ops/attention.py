@@ -399,7 +399,10 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
             HOLD_KV=bool(tune.get("hold_kv", True)),
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
-            num_stages=tune.get("num_stages", 2),
+            # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
+            # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
+            # ci/results/2026-11-30-block-major-sweep5-h200-run10.json
+            num_stages=tune.get("num_stages", 1),
         )
         # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
         # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4
