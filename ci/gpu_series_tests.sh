@@ -12,6 +12,7 @@
 #            (the test prompts are shorter than the 1024 prefill tokens from which the
 #            engine picks block-major by itself)
 #   parity_block_major  the bf16 teacher-forced parity with transformers, block-major forced
+#   fp8kv_block_major   the FP8 KV engines (fp8kv), block-major forced
 #   fp8index tests/models/test_minimax_m3_fp8_index.py (optional FP8 index-key cache)
 # DEADLINE_EPOCH (seconds since the epoch): suites are cut to end before it, or skipped.
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
@@ -34,12 +35,14 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused_shared or bf16_teacher'"
   [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'"
-  [parity_block_major]="tests/models/test_minimax_m3.py -k 'bf16_teacher or chunked_prefill'")
+  [parity_block_major]="tests/models/test_minimax_m3.py -k 'bf16_teacher or chunked_prefill'"
+  [fp8kv_block_major]="tests/models/test_minimax_m3_fp8_kv.py")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1"
   [graphs_token_tile]="VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4"
   [graphs_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
-  [parity_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4")
+  [parity_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
+  [fp8kv_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4")
 BUDGET=${SUITE_TIMEOUT:-400}
 # EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU
 # image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...)
