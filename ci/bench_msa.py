@@ -1046,7 +1046,12 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                                               _tune=dict(pairs_per_program=32))),
                              ("bm4_w8", dict(block_major=4, _tune=dict(num_warps=8))),
                              ("bm2", dict(block_major=2)),
-                             ("bm8_w4", dict(block_major=8, _tune=dict(num_warps=4)))):
+                             ("bm8_w4", dict(block_major=8, _tune=dict(num_warps=4))),
+                             # each step's rows loaded during the step before (the
+                             # default unless the cache is fp8), forced on and off
+                             ("bm4_pf", dict(block_major=4, _tune=dict(prefetch_pairs=True))),
+                             ("bm4_nopf", dict(block_major=4,
+                                               _tune=dict(prefetch_pairs=False)))):
                 def run(o=o, kw=kw):
                     return block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,

@@ -104,6 +104,9 @@ def main():
             # block-major prefill: 64 (token, slot) pairs per program, 4 or 8 per step
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16), 4),
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=8, CHUNK=64, TOPK=16), 8),
+            # each step's rows loaded during the step before
+            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
+                                                  PREFETCH_PAIRS=True), 4),
             # K/V loaded again each step (shared memory through the pipeline)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 4),
@@ -115,7 +118,9 @@ def main():
             # the block-major partials are fp16 for a bf16 model (the split ones fp32)
             kptrs = (dict(ptrs, part_o_ptr="*fp16") if kernel is sparse_attn_block_major_kernel
                      else ptrs)
-            cubin = compile_kernel(kernel, kptrs, dict(shape, **extra), warps)
+            # block-major runs with one pipeline stage (attention._block_major_attention)
+            stages = 1 if kernel is sparse_attn_block_major_kernel else None
+            cubin = compile_kernel(kernel, kptrs, dict(shape, **extra), warps, stages)
             assert len(cubin) > 0
             print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
                   flush=True)

@@ -504,10 +504,12 @@ def test_block_sparse_attention_block_major(case, shape):
             batch, q, sel, Hkv, D, B, dtype):
         # programs of a few pairs (groups span several programs); a block of
         # several key tiles (walked per step, not loaded once); K/V loaded
-        # again each step; the defaults
+        # again each step; rows prefetched; the defaults
         for tm, start, tune in ((2, 0, dict(pairs_per_program=4)),
                                 (4, n_decode, dict(BLOCK_N=16)),
                                 (2, n_decode, dict(hold_kv=False)),
+                                # each step's rows loaded one step ahead
+                                (2, n_decode, dict(prefetch_pairs=True, pairs_per_program=8)),
                                 # launches of a few tokens' partials (slices of the batch)
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (8 if ON_GPU else 1, batch.T // 2, None)):

@@ -215,6 +215,9 @@ def block_sparse_attention(
         num_stages; ``pairs_per_program``: block-major pairs per program, default
         ``BLOCK_MAJOR_PAIRS``; ``hold_kv``: block-major keeps the block's K/V in
         registers for all of them (default) or loads it again each step;
+        ``prefetch_pairs``: block-major loads each step's pairs and query rows
+        during the step before (default: unless the MMA runs in fp16 for an
+        fp8 cache);
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
@@ -398,6 +401,11 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             TOPK=topk, SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
             SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
             HOLD_KV=bool(tune.get("hold_kv", True)),
+            # each step's rows loaded during the step before: H200 run 10, 8192-token
+            # chunk, bf16 KV: 607 vs 687 us at 8k, 690 vs 782 at 32k, 692 vs 793 at
+            # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
+            # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
+            PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma)),
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
             # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);

@@ -20,6 +20,11 @@ partial at the pair's selection slot, so ``sparse_attn_merge`` with
 ``S = TOPK`` combines the blocks of each token (slots nobody wrote keep the
 ``-inf`` the wrapper filled in, and weigh nothing).
 
+PREFETCH_PAIRS: each step's pair rows (slot, position, query rows) are loaded
+during the step before, and its pair ids two steps before, so their latency
+overlaps the step's math instead of opening it (the kernel runs with one
+pipeline stage; Triton's pipeliner waits for all of a step's copies at once).
+
 Scale modes (``SCALE_MODE`` constexpr): as ``sparse_attn_fwd`` (0 none, 1
 scalar folded, 2 per token and KV head, 3 scalar unfolded).
 
@@ -43,6 +48,21 @@ from ._triton import tl, triton
 
 
 @triton.jit
+def pair_rows(q_ptr, pair_slot_ptr, pos_ptr, tok, first, s0, n, row_pair, head_valid, heads,
+              offs_d, dmask, stride_qt, stride_qh):
+    """The rows of one step, pairs ``s0 + row_pair`` of the program's ``n``
+    (tokens ``tok`` [R], already loaded): the row validity, the pairs'
+    selection slots and positions [R], and the query rows [R, D_PAD]."""
+    pvalid = s0 + row_pair < n
+    rvalid = pvalid & head_valid
+    slot = tl.load(pair_slot_ptr + first + s0 + row_pair, mask=pvalid, other=0)
+    pos_r = tl.load(pos_ptr + tok, mask=pvalid, other=-1)
+    q = tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh
+                + offs_d[None, :], mask=rvalid[:, None] & dmask[None, :], other=0.0)
+    return rvalid, slot, pos_r, q
+
+
+@triton.jit
 def sparse_attn_block_major_kernel(
     q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr,
     pair_tok_ptr, pair_slot_ptr,
@@ -59,7 +79,7 @@ def sparse_attn_block_major_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, TOPK: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
-    HOLD_KV: tl.constexpr = True,
+    HOLD_KV: tl.constexpr = True, PREFETCH_PAIRS: tl.constexpr = False,
 ):
     R: tl.constexpr = TM * G_PAD
     # the whole block is one key tile: load it once into registers for all the
@@ -105,17 +125,31 @@ def sparse_attn_block_major_kernel(
                 k_base, v_base, kvs_ptr, bt_row, kp, kp <= pmax_all, offs_d, dmask, g,
                 1.0, 1.0, stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
                 PAGE_SIZE, 2 if SCALE_MODE == 2 else 0)
+            if FP16_MMA:
+                # fp8 -> fp16 (exact) once, not in every step: the converted
+                # tiles, not the loaded ones, are what the loop keeps
+                k = k.to(tl.float16)
+                v = v.to(tl.float16)
 
+        # the first step's pairs (and with PREFETCH_PAIRS the second step's tokens)
+        tok = tl.load(pair_tok_ptr + first + row_pair, mask=row_pair < n, other=0)
+        rvalid, slot, pos_r, q = pair_rows(
+            q_ptr, pair_slot_ptr, pos_ptr, tok, first, 0, n, row_pair, row_head < G, heads,
+            offs_d, dmask, stride_qt, stride_qh)
+        if PREFETCH_PAIRS:
+            tok_n = tl.load(pair_tok_ptr + first + TM + row_pair, mask=TM + row_pair < n,
+                            other=0)
         for s0 in range(0, n, TM):
-            pvalid = s0 + row_pair < n
-            rvalid = pvalid & (row_head < G)
-            tok = tl.load(pair_tok_ptr + first + s0 + row_pair, mask=pvalid, other=0)
-            slot = tl.load(pair_slot_ptr + first + s0 + row_pair, mask=pvalid, other=0)
-            pos_r = tl.load(pos_ptr + tok, mask=pvalid, other=-1)
+            if PREFETCH_PAIRS:
+                # the next step's rows are loaded before this step's math (which
+                # hides their latency), its tokens one step earlier still
+                tok_nn = tl.load(pair_tok_ptr + first + s0 + 2 * TM + row_pair,
+                                 mask=s0 + 2 * TM + row_pair < n, other=0)
+                rvalid_n, slot_n, pos_n, q_n = pair_rows(
+                    q_ptr, pair_slot_ptr, pos_ptr, tok_n, first, s0 + TM, n, row_pair,
+                    row_head < G, heads, offs_d, dmask, stride_qt, stride_qh)
             tok64 = tok.to(tl.int64)
-            q = tl.load(q_ptr + tok64[:, None] * stride_qt + heads[:, None] * stride_qh
-                        + offs_d[None, :], mask=rvalid[:, None] & dmask[None, :], other=0.0)
-            q, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
+            qo, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
                 q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
             m_i = tl.full([R], float("-inf"), tl.float32)
             l_i = tl.zeros([R], tl.float32)
@@ -128,12 +162,12 @@ def sparse_attn_block_major_kernel(
                     k_t = k
                     v_t = v
                 vis = rvalid[:, None] & (kp[None, :] <= pos_r[:, None])
-                m_i, l_i, acc = attend_key_tile(q, k_t, v_t, vis, m_i, l_i, acc, qk_scale,
+                m_i, l_i, acc = attend_key_tile(qo, k_t, v_t, vis, m_i, l_i, acc, qk_scale,
                                                 ksc, vsc, SCALE_MODE, IEEE)
             else:
                 pmax = tl.max(tl.where(rvalid, pos_r, -1), axis=0)
                 m_i, l_i, acc = attend_sparse_block(
-                    q, b, rvalid, pos_r, pmax, bt_row, k_base, v_base, kvs_ptr, offs_n,
+                    qo, b, rvalid, pos_r, pmax, bt_row, k_base, v_base, kvs_ptr, offs_n,
                     offs_d, dmask, g, m_i, l_i, acc, qk_scale, k_elem_scale, v_elem_scale,
                     stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
                     SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE)
@@ -146,3 +180,12 @@ def sparse_attn_block_major_kernel(
             tl.store(part_o_ptr + ph[:, None] * D_PAD + offs_d[None, :],
                      o.to(part_o_ptr.dtype.element_ty), mask=rvalid[:, None] & dmask[None, :])
             tl.store(part_lse_ptr + ph, lse, mask=rvalid)
+            if PREFETCH_PAIRS:
+                tok, rvalid, slot, pos_r, q = tok_n, rvalid_n, slot_n, pos_n, q_n
+                tok_n = tok_nn
+            else:
+                tok = tl.load(pair_tok_ptr + first + s0 + TM + row_pair,
+                              mask=s0 + TM + row_pair < n, other=0)
+                rvalid, slot, pos_r, q = pair_rows(
+                    q_ptr, pair_slot_ptr, pos_ptr, tok, first, s0 + TM, n, row_pair,
+                    row_head < G, heads, offs_d, dmask, stride_qt, stride_qh)
