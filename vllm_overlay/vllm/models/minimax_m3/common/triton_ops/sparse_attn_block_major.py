@@ -126,8 +126,7 @@ def sparse_attn_block_major_kernel(
                 1.0, 1.0, stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
                 PAGE_SIZE, 2 if SCALE_MODE == 2 else 0)
             if FP16_MMA:
-                # fp8 -> fp16 (exact) once, not in every step: the converted
-                # tiles, not the loaded ones, are what the loop keeps
+                # fp8 -> fp16 (exact) once before the walk, not in every step
                 k = k.to(tl.float16)
                 v = v.to(tl.float16)
 
