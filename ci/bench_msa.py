@@ -1051,7 +1051,12 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              # default unless the cache is fp8), forced on and off
                              ("bm4_pf", dict(block_major=4, _tune=dict(prefetch_pairs=True))),
                              ("bm4_nopf", dict(block_major=4,
-                                               _tune=dict(prefetch_pairs=False)))):
+                                               _tune=dict(prefetch_pairs=False))),
+                             # fp8 cache: the held block in bf16, the MMA in bf16 (with
+                             # and without the prefetch); the same as bm4 for bf16
+                             ("bm4_qmma", dict(block_major=4, _tune=dict(query_mma=True))),
+                             ("bm4_qmma_nopf", dict(block_major=4, _tune=dict(
+                                 query_mma=True, prefetch_pairs=False)))):
                 def run(o=o, kw=kw):
                     return block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,

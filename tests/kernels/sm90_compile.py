@@ -107,6 +107,9 @@ def main():
             # each step's rows loaded during the step before
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True), 4),
+            # ``query_mma``: an fp8 block converted to bf16 once, the MMA in bf16
+            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
+                                                  PREFETCH_PAIRS=True, FP16_MMA=False), 4),
             # K/V loaded again each step (shared memory through the pipeline)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 4),

@@ -510,6 +510,8 @@ def test_block_sparse_attention_block_major(case, shape):
                                 (2, n_decode, dict(hold_kv=False)),
                                 # each step's rows loaded one step ahead
                                 (2, n_decode, dict(prefetch_pairs=True, pairs_per_program=8)),
+                                # fp8 cache, bf16 queries (GPU only): the MMA in bf16
+                                (4 if ON_GPU else 1, n_decode, dict(query_mma=True)),
                                 # launches of a few tokens' partials (slices of the batch)
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (8 if ON_GPU else 1, batch.T // 2, None)):

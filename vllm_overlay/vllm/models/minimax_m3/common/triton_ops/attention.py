@@ -217,7 +217,9 @@ def block_sparse_attention(
         registers for all of them (default) or loads it again each step;
         ``prefetch_pairs``: block-major loads each step's pairs and query rows
         during the step before (default: unless the MMA runs in fp16 for an
-        fp8 cache);
+        fp8 cache); ``query_mma``: with an fp8 cache and bf16 queries,
+        block-major converts the held K/V to bf16 once and runs its MMA in
+        bf16 (off: in fp16);
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
@@ -380,6 +382,12 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     max_tokens = max(1, int(tune.get("partial_bytes", BLOCK_MAJOR_PARTIAL_BYTES)) // per_token)
     step = cdiv(T, cdiv(T, max_tokens))  # even slices, no small tail
     rows = pairs * G_PAD
+    hold_kv = bool(tune.get("hold_kv", True))
+    # ``query_mma`` (fp8 cache, bf16 queries; not measured yet, off): the block's
+    # K/V, held for all of a program's steps, converted once to the queries' dtype,
+    # so the MMA runs in bf16 as for a bf16 cache (no per-step fp16 query, whose
+    # register operand makes the prefetch spill)
+    query_mma = fp16_mma and hold_kv and bool(tune.get("query_mma", False))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -399,13 +407,13 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             block_table.stride(0),
             HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD,
             TOPK=topk, SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
-            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
-            HOLD_KV=bool(tune.get("hold_kv", True)),
+            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma and not query_mma,
+            HOLD_KV=hold_kv,
             # each step's rows loaded during the step before: H200 run 10, 8192-token
             # chunk, bf16 KV: 607 vs 687 us at 8k, 690 vs 782 at 32k, 692 vs 793 at
             # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
             # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
-            PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma)),
+            PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or query_mma)),
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
             # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);

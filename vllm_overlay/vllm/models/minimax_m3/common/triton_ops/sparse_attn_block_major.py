@@ -125,10 +125,14 @@ def sparse_attn_block_major_kernel(
                 k_base, v_base, kvs_ptr, bt_row, kp, kp <= pmax_all, offs_d, dmask, g,
                 1.0, 1.0, stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
                 PAGE_SIZE, 2 if SCALE_MODE == 2 else 0)
+            # in the MMA's dtype once before the walk, not in every step (fp8 ->
+            # fp16 or bf16 is exact)
             if FP16_MMA:
-                # fp8 -> fp16 (exact) once before the walk, not in every step
                 k = k.to(tl.float16)
                 v = v.to(tl.float16)
+            elif not IEEE:
+                k = k.to(q_ptr.dtype.element_ty)
+                v = v.to(q_ptr.dtype.element_ty)
 
         # the first step's pairs (and with PREFETCH_PAIRS the second step's tokens)
         tok = tl.load(pair_tok_ptr + first + row_pair, mask=row_pair < n, other=0)
