@@ -776,7 +776,7 @@ def distinct_per_tile(sel, tm):
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
-               "block_major")
+               "block_major", "decode_profile")
 
 
 def checked_time(timer, run, check=lambda: None):
@@ -797,7 +797,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    prefill_tiles=sweep_prefill_tiles, prefill_attn=sweep_prefill_attn,
                    fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
                    pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide,
-                   pdl_fused=sweep_pdl_fused, block_major=sweep_block_major)
+                   pdl_fused=sweep_pdl_fused, block_major=sweep_block_major,
+                   decode_profile=sweep_decode_profile)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -847,6 +848,66 @@ def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
                 out=o, num_splits=ns, fused_merge=fused, _tune=tune))
             out.append(dict(kind="decode_attn", batch=batch, context=ctx, num_splits=ns,
                             tune=tune, fused_merge=fused, us=t))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def kernel_times(fn, flush_buf, reps=30):
+    """Median device time (us) of every kernel ``fn`` launches, by kernel name,
+    from the profiler's kernel records: ``reps`` eager calls, the L2 flushed
+    before each (the flush's own kernel is left out)."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush_buf.zero_()
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if "elementwise" in e.name or "fill" in e.name.lower():
+            continue  # the flush
+        times.setdefault(e.name.split("(")[0][:60], []).append(e.time_range.elapsed_us())
+    return {k: dict(median_us=statistics.median(v), n=len(v)) for k, v in times.items()}
+
+
+def sweep_decode_profile(timer, dev, index_block_topk, block_sparse_attention):
+    """Where a decode step's time goes: each kernel's device time (profiler,
+    L2 flushed) next to the graph-replayed chain, by batch and context, bf16
+    and fp8 KV, and the attention split counts around the default."""
+    out = []
+    for batch, ctx, kv_mode in ((1, 8192, 0), (32, 8192, 0), (32, 8192, 1), (32, 32768, 0)):
+        bt = Batch([ctx] * batch, 1, kv_mode, dev)
+        sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+        o = torch.empty_like(bt.q)
+
+        def index(sel=sel, bt=bt):
+            return index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                    bt.token_pos, B, TOPK, out=sel, num_decode_tokens=bt.T)
+        index()
+        for ns in (None, 4, 8, 16):
+            def attn(ns=ns, bt=bt, sel=sel, o=o, kv_mode=kv_mode):
+                return block_sparse_attention(
+                    bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
+                    D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None, out=o, num_splits=ns)
+
+            def chain(attn=attn):
+                index()
+                attn()
+            try:
+                kt = kernel_times(chain, timer.flush_buf)
+                t_attn = timer.time_fn(attn)
+                t_chain = timer.time_fn(chain)
+            except Exception as e:  # noqa: BLE001
+                kt, t_attn, t_chain = repr(e)[:200], None, None
+            out.append(dict(kind="decode_profile", batch=batch, context=ctx, kv_mode=kv_mode,
+                            num_splits=ns, kernels=kt, attention_graph_us=t_attn,
+                            chain_graph_us=t_chain))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
@@ -1024,8 +1085,11 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
     """Block-major prefill attention (``block_major`` pairs per program, warps)
     against one token per program and the context-length rule, an 8192-token
     chunk at the end of 8k-128k contexts, the index's own selections, bf16 and
-    fp8 KV; each variant's output is compared with one token per program's."""
+    fp8 KV; each variant's output is compared with one token per program's.
+    ``BLOCK_MAJOR_VARIANTS`` (comma-separated names) times only those
+    variants, without the side launches and the short chunks."""
     out = []
+    only = {v for v in os.environ.get("BLOCK_MAJOR_VARIANTS", "").split(",") if v}
     for ctx in (8192, 32768, 131072):
         for kv_mode in (0, 1):
             bt = Batch([ctx], 8192, kv_mode, dev)
@@ -1057,6 +1121,9 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              ("bm4_qmma", dict(block_major=4, _tune=dict(query_mma=True))),
                              ("bm4_qmma_nopf", dict(block_major=4, _tune=dict(
                                  query_mma=True, prefetch_pairs=False)))):
+                if only and name not in only and name != "per_token":
+                    continue
+
                 def run(o=o, kw=kw):
                     return block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
@@ -1074,8 +1141,11 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                 out.append(dict(kind="block_major", context=ctx, kv_mode=kv_mode, variant=name,
                                 max_diff=diff, us=t))
                 print(f"[sweep] {out[-1]}", flush=True)
-            out.extend(block_major_parts(timer, bt, sel, ctx, kv_mode))
+            if not only:
+                out.extend(block_major_parts(timer, bt, sel, ctx, kv_mode))
             del bt
+    if only:
+        return out
     # short chunks: where the grouping's fixed cost stops paying
     for n in (256, 512, 1024, 2048, 4096):
         for kv_mode in (0, 1):
