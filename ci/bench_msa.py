@@ -295,9 +295,26 @@ def overlap(a, b):
 # timing
 # ----------------------------------------------------------------------------
 class Timer:
+    """CUDA-graph replay timing.  ``flush`` picks the L2 state before each
+    timed replay: ``True`` / ``"write"`` zeroes a 256 MiB buffer (the method
+    of every run before run 11: it leaves the L2 full of *dirty* lines, so a
+    kernel that reads evicts them and pays their write-back to HBM, up to the
+    L2's size of foreign writes inside the timed region); ``"read"`` reads a
+    256 MiB buffer instead (the L2 holds clean lines of no use to the kernel:
+    cold, with nothing to write back); ``False`` leaves it warm."""
+
     def __init__(self, dev, reps):
         self.reps = reps
         self.flush_buf = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=dev)
+        self.flush_src = torch.ones(64 * 1024 * 1024, dtype=torch.float32, device=dev)
+
+    def flush(self, mode):
+        if mode is True or mode == "write":
+            self.flush_buf.zero_()
+        elif mode == "read":
+            self.flush_src.sum()
+        elif mode:
+            raise ValueError(f"unknown flush mode {mode!r}")
 
     def graph(self, fn):
         s = torch.cuda.Stream()
@@ -319,8 +336,7 @@ class Timer:
         for _ in range(5):
             g.replay()
         for _ in range(self.reps):
-            if flush:
-                self.flush_buf.zero_()
+            self.flush(flush)
             e0 = torch.cuda.Event(enable_timing=True)
             e1 = torch.cuda.Event(enable_timing=True)
             e0.record()
@@ -339,8 +355,7 @@ class Timer:
             for _ in range(3):
                 fn()
             for _ in range(self.reps):
-                if flush:
-                    self.flush_buf.zero_()
+                self.flush(flush)
                 e0 = torch.cuda.Event(enable_timing=True)
                 e1 = torch.cuda.Event(enable_timing=True)
                 e0.record()
@@ -349,6 +364,43 @@ class Timer:
                 ts.append((e0, e1))
             torch.cuda.synchronize()
             return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ts)
+
+
+def flush_probe(timer, dev, bw, sizes_mib=(8, 32, 64, 256)):
+    """What the L2 flush itself costs a kernel that only reads: a Triton
+    kernel reads a buffer of each size once (16-byte vector loads, one
+    program per 64 KiB), timed after the write flush, after the read flush and
+    warm.  With the write flush the time grows by the write-back of the dirty
+    lines the reads evict (at most the L2's size); ``floor_us`` = size / copy
+    bandwidth."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read_once(x_ptr, out_ptr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+        pid = tl.program_id(0)
+        base = x_ptr + pid.to(tl.int64) * BLOCK * STEPS
+        acc = tl.zeros([BLOCK], tl.float32)
+        for i in tl.static_range(STEPS):
+            acc += tl.load(base + i * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
+        tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+    block, steps = 4096, 8  # bf16: 64 KiB per program
+    res = dict(l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
+    for mib in sizes_mib:
+        progs = (mib << 20) // (2 * block * steps)
+        x = torch.randn(progs * block * steps, device=dev).to(torch.bfloat16)
+        out = torch.empty(progs * block, device=dev)
+        g = timer.graph(lambda: _read_once[(progs,)](x, out, BLOCK=block, STEPS=steps,
+                                                      num_warps=8))
+        row = dict(floor_us=(mib << 20) / bw * 1e6)
+        row["write_flush_us"] = timer.time_graph(g, "write")
+        row["read_flush_us"] = timer.time_graph(g, "read")
+        row["warm_us"] = timer.time_graph(g, False)
+        res[f"{mib}MiB"] = row
+        print(f"[flush] {mib} MiB: {row}", flush=True)
+        del x, out
+    return res
 
 
 def copy_bandwidth(dev):
@@ -441,7 +493,8 @@ def bench(args):
                                           index_heads=HIDX, index_dim=DIDX, block=B, topk=TOPK,
                                           page_size=PAGE),
         timing="CUDA-graph replay, median of single replays, L2 flushed (256 MiB write) "
-               "before each timed replay; *_warm_us without the flush")
+               "before each timed replay; *_clean_us: flushed by a 256 MiB read instead "
+               "(no dirty lines to write back); *_warm_us without a flush")
     torch.manual_seed(int(time.time_ns() % (1 << 31)))
     res = dict(info=info)
     res["correctness"] = correctness(index_block_topk, block_sparse_attention, dev)
@@ -452,6 +505,7 @@ def bench(args):
     timer = Timer(dev, args.reps)
     res["launch_floor_us"] = launch_floor(timer, dev)
     print(f"[info] launch floor {res['launch_floor_us']}", flush=True)
+    res["flush_probe"] = flush_probe(timer, dev, bw)
 
     ctxs = [8192, 32768, 131072] if not args.quick else [8192]
     batches = [1, 32] if not args.quick else [1]
@@ -488,6 +542,9 @@ def bench(args):
                     row["attention_us"] = timer.time_graph(g_attn)
                     row["total_us"] = timer.time_graph(g_tot)
                     row["total_warm_us"] = timer.time_graph(g_tot, flush=False)
+                    row["index_topk_clean_us"] = timer.time_graph(g_idx, "read")
+                    row["attention_clean_us"] = timer.time_graph(g_attn, "read")
+                    row["total_clean_us"] = timer.time_graph(g_tot, "read")
                     # the one-launch decode index (fused select): same ids, own timing
                     sel_f = torch.full_like(sel, -7)
 
@@ -546,6 +603,7 @@ def bench(args):
                     g_pdl = timer.graph(total_pdl)
                     row["total_pdl_us"] = timer.time_graph(g_pdl)
                     row["total_pdl_warm_us"] = timer.time_graph(g_pdl, flush=False)
+                    row["total_pdl_clean_us"] = timer.time_graph(g_pdl, "read")
                     if kv_mode == 1:  # seed 002's A/B at kernel level: scalar scales unfolded
                         row["attention_unfolded_us"] = timer.time_graph(timer.graph(
                             lambda: block_sparse_attention(
@@ -562,7 +620,9 @@ def bench(args):
                             index_block_topk(bt.idx_q, bt.idx_k8, bt.block_table, bt.token_req,
                                              bt.token_pos, B, TOPK, idx_k_scales=bt.idx_s,
                                              out=sel8, num_decode_tokens=bt.T)
-                        row["index_topk_fp8idx_us"] = timer.time_fn(idx8)
+                        g8 = timer.graph(idx8)
+                        row["index_topk_fp8idx_us"] = timer.time_graph(g8)
+                        row["index_topk_fp8idx_clean_us"] = timer.time_graph(g8, "read")
                         row["floor_fp8idx_us"] = batch * (ctx * (DIDX + 4) + kv_bytes) / bw * 1e6
                         idx()
                         idx8()
@@ -853,24 +913,24 @@ def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
     return out
 
 
-def kernel_times(fn, flush_buf, reps=30):
+def kernel_times(fn, timer, flush="write", reps=30):
     """Median device time (us) of every kernel ``fn`` launches, by kernel name,
     from the profiler's kernel records: ``reps`` eager calls, the L2 flushed
-    before each (the flush's own kernel is left out)."""
+    before each (``Timer.flush``; the flush's own kernel is left out)."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            flush_buf.zero_()
+            timer.flush(flush)
             fn()
         torch.cuda.synchronize()
     times = {}
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        if "elementwise" in e.name or "fill" in e.name.lower():
+        if any(w in e.name.lower() for w in ("elementwise", "fill", "reduce")):
             continue  # the flush
         times.setdefault(e.name.split("(")[0][:60], []).append(e.time_range.elapsed_us())
     return {k: dict(median_us=statistics.median(v), n=len(v)) for k, v in times.items()}
@@ -900,14 +960,17 @@ def sweep_decode_profile(timer, dev, index_block_topk, block_sparse_attention):
                 index()
                 attn()
             try:
-                kt = kernel_times(chain, timer.flush_buf)
+                kt = kernel_times(chain, timer)
+                kt_clean = kernel_times(chain, timer, "read")
                 t_attn = timer.time_fn(attn)
                 t_chain = timer.time_fn(chain)
+                t_chain_clean = timer.time_fn(chain, "read")
             except Exception as e:  # noqa: BLE001
-                kt, t_attn, t_chain = repr(e)[:200], None, None
+                kt, kt_clean, t_attn, t_chain, t_chain_clean = repr(e)[:200], None, None, None, None
             out.append(dict(kind="decode_profile", batch=batch, context=ctx, kv_mode=kv_mode,
-                            num_splits=ns, kernels=kt, attention_graph_us=t_attn,
-                            chain_graph_us=t_chain))
+                            num_splits=ns, kernels=kt, kernels_clean=kt_clean,
+                            attention_graph_us=t_attn, chain_graph_us=t_chain,
+                            chain_graph_clean_us=t_chain_clean))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
@@ -1316,6 +1379,33 @@ def to_markdown(res):
                  f"{_f(r.get('total_pdl_us'))} | "
                  f"{_f(r['total_pdl_us'] / r['floor_us'] if 'total_pdl_us' in r and 'floor_us' in r else None, 2)} |"
                  + (" ERROR |" if "error" in r else ""))
+    fp = res.get("flush_probe")
+    if fp:
+        L += ["", "## What the L2 flush costs a read-only kernel (microseconds)", "",
+              f"One read of a buffer (Triton, 16-byte loads); L2 {fp['l2_bytes'] >> 20} MiB. "
+              "Write flush = 256 MiB zeroed before the replay (dirty L2), read flush = "
+              "256 MiB read (clean L2).", "",
+              "| buffer | floor | write flush | read flush | warm | write - read |",
+              "|---|---|---|---|---|---|"]
+        for k, v in fp.items():
+            if isinstance(v, dict):
+                L.append(f"| {k} | {_f(v['floor_us'])} | {_f(v['write_flush_us'])} | "
+                         f"{_f(v['read_flush_us'])} | {_f(v['warm_us'])} | "
+                         f"{_f(v['write_flush_us'] - v['read_flush_us'])} |")
+    if any("total_clean_us" in r for r in res.get("decode", [])):
+        L += ["", "## Decode with a clean L2 (flushed by a 256 MiB read; microseconds)", "",
+              "| batch | context | KV | index+top-k | attention | total | total PDL | floor "
+              "| total/floor | PDL/floor | index+top-k fp8-idx |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res.get("decode", []):
+            fl = r.get("floor_us")
+            tc, tp = r.get("total_clean_us"), r.get("total_pdl_clean_us")
+            L.append(f"| {r['batch']} | {r['context'] // 1024}k | {r['kv']} | "
+                     f"{_f(r.get('index_topk_clean_us'))} | {_f(r.get('attention_clean_us'))} | "
+                     f"{_f(tc)} | {_f(tp)} | {_f(fl)} | "
+                     f"{_f(tc / fl if tc and fl else None, 2)} | "
+                     f"{_f(tp / fl if tp and fl else None, 2)} | "
+                     f"{_f(r.get('index_topk_fp8idx_clean_us'))} |")
     L += ["", "## Prefill: token-tiled attention (milliseconds; distinct blocks per 4-token "
           "tile, at most 4 x top-k)", "",
           "| context | KV | selection | distinct blocks / 4 tokens | attention | tiled 4 | tiled 8 |",
