@@ -301,7 +301,10 @@ class Timer:
     kernel that reads evicts them and pays their write-back to HBM, up to the
     L2's size of foreign writes inside the timed region); ``"read"`` reads a
     256 MiB buffer instead (the L2 holds clean lines of no use to the kernel:
-    cold, with nothing to write back); ``False`` leaves it warm."""
+    cold, with nothing to write back); ``False`` leaves it warm (and keeps the
+    GPU busy with a ~25 us spin before the replay, as a flush does, so the
+    host's enqueue of the replay is not timed: before run 11 warm medians of
+    small graphs included it)."""
 
     def __init__(self, dev, reps):
         self.reps = reps
@@ -315,6 +318,8 @@ class Timer:
             self.flush_src.sum()
         elif mode:
             raise ValueError(f"unknown flush mode {mode!r}")
+        else:
+            torch.cuda._sleep(50_000)
 
     def graph(self, fn):
         s = torch.cuda.Stream()
@@ -385,21 +390,23 @@ def flush_probe(timer, dev, bw, sizes_mib=(8, 32, 64, 256)):
             acc += tl.load(base + i * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
         tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
 
-    block, steps = 4096, 8  # bf16: 64 KiB per program
     res = dict(l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
     for mib in sizes_mib:
-        progs = (mib << 20) // (2 * block * steps)
-        x = torch.randn(progs * block * steps, device=dev).to(torch.bfloat16)
-        out = torch.empty(progs * block, device=dev)
-        g = timer.graph(lambda: _read_once[(progs,)](x, out, BLOCK=block, STEPS=steps,
-                                                      num_warps=8))
         row = dict(floor_us=(mib << 20) / bw * 1e6)
-        row["write_flush_us"] = timer.time_graph(g, "write")
-        row["read_flush_us"] = timer.time_graph(g, "read")
-        row["warm_us"] = timer.time_graph(g, False)
+        # bf16: 64 KiB per program in 8 loads (8 warps), or 16 KiB in one (4 warps)
+        for name, block, steps, warps in (("", 4096, 8, 8), ("_16k", 8192, 1, 4)):
+            progs = (mib << 20) // (2 * block * steps)
+            x = torch.randn(progs * block * steps, device=dev).to(torch.bfloat16)
+            out = torch.empty(progs * block, device=dev)
+            g = timer.graph(lambda: _read_once[(progs,)](x, out, BLOCK=block, STEPS=steps,
+                                                          num_warps=warps))
+            if not name:
+                row["write_flush_us"] = timer.time_graph(g, "write")
+                row["warm_us"] = timer.time_graph(g, False)
+            row[f"read_flush{name}_us"] = timer.time_graph(g, "read")
+            del x, out
         res[f"{mib}MiB"] = row
         print(f"[flush] {mib} MiB: {row}", flush=True)
-        del x, out
     return res
 
 
@@ -836,7 +843,7 @@ def distinct_per_tile(sel, tm):
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
-               "block_major", "decode_profile")
+               "block_major", "decode_profile", "decode_variants")
 
 
 def checked_time(timer, run, check=lambda: None):
@@ -858,7 +865,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
                    pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide,
                    pdl_fused=sweep_pdl_fused, block_major=sweep_block_major,
-                   decode_profile=sweep_decode_profile)
+                   decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -930,7 +937,8 @@ def kernel_times(fn, timer, flush="write", reps=30):
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        if any(w in e.name.lower() for w in ("elementwise", "fill", "reduce")):
+        if any(w in e.name.lower() for w in ("elementwise", "fill", "reduce", "memset",
+                                             "sleep", "spin")):
             continue  # the flush
         times.setdefault(e.name.split("(")[0][:60], []).append(e.time_range.elapsed_us())
     return {k: dict(median_us=statistics.median(v), n=len(v)) for k, v in times.items()}
@@ -971,6 +979,53 @@ def sweep_decode_profile(timer, dev, index_block_topk, block_sparse_attention):
                             num_splits=ns, kernels=kt, kernels_clean=kt_clean,
                             attention_graph_us=t_attn, chain_graph_us=t_chain,
                             chain_graph_clean_us=t_chain_clean))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
+    """The decode chain (index + top-k + attention) with the top-k by rank and
+    the split merge fused into the attention (volatile or L2 loads of the
+    partials), L2 flushed by a write and by a read; each variant's selection
+    (as sets) and output checked against the default's."""
+    out = []
+    variants = (("default", {}, {}, False),
+                ("rank", dict(rank_select=True), {}, False),
+                ("fused_merge", {}, {}, True),
+                ("fused_merge_l2", {}, dict(merge_l2_loads=True), True),
+                ("rank_fused_merge_l2", dict(rank_select=True), dict(merge_l2_loads=True), True))
+    for batch, ctx, kv_mode in ((1, 8192, 0), (1, 32768, 0), (32, 8192, 0), (32, 8192, 1),
+                                (32, 32768, 0)):
+        bt = Batch([ctx] * batch, 1, kv_mode, dev)
+        ref_sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+        ref_o = torch.empty_like(bt.q)
+        for name, itune, atune, fused in variants:
+            sel = torch.full_like(ref_sel, -7)
+            o = torch.full_like(ref_o, float("nan"))
+
+            def chain(sel=sel, o=o, itune=itune, atune=atune, fused=fused):
+                index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                 bt.token_pos, B, TOPK, out=sel, num_decode_tokens=bt.T,
+                                 _tune=itune)
+                block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos,
+                                       sel, B, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None,
+                                       out=o, fused_merge=fused, _tune=atune)
+            try:
+                chain()
+                torch.cuda.synchronize()
+                if name == "default":
+                    ref_sel.copy_(sel)
+                    ref_o.copy_(o)
+                same_sel = bool(torch.equal(sel.sort(-1).values, ref_sel.sort(-1).values))
+                diff = float((o.float() - ref_o.float()).abs().max())
+                g = timer.graph(chain)
+                t_w, t_r = timer.time_graph(g, "write"), timer.time_graph(g, "read")
+            except Exception as e:  # noqa: BLE001
+                same_sel, diff, t_w, t_r = None, None, repr(e)[:200], None
+            out.append(dict(kind="decode_variants", batch=batch, context=ctx, kv_mode=kv_mode,
+                            variant=name, same_selection=same_sel, max_diff=diff,
+                            us_write_flush=t_w, us_read_flush=t_r))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
@@ -1182,6 +1237,11 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              # fp8 cache: the held block in bf16, the MMA in bf16 (with
                              # and without the prefetch); the same as bm4 for bf16
                              ("bm4_qmma", dict(block_major=4, _tune=dict(query_mma=True))),
+                             # prefetch without the query rows (loaded at the step's top)
+                             ("bm4_pfnoq", dict(block_major=4, _tune=dict(
+                                 prefetch_pairs=True, prefetch_query=False))),
+                             ("bm4_qmma_pfnoq", dict(block_major=4, _tune=dict(
+                                 query_mma=True, prefetch_pairs=True, prefetch_query=False))),
                              ("bm4_qmma_nopf", dict(block_major=4, _tune=dict(
                                  query_mma=True, prefetch_pairs=False)))):
                 if only and name not in only and name != "per_token":
@@ -1385,13 +1445,15 @@ def to_markdown(res):
               f"One read of a buffer (Triton, 16-byte loads); L2 {fp['l2_bytes'] >> 20} MiB. "
               "Write flush = 256 MiB zeroed before the replay (dirty L2), read flush = "
               "256 MiB read (clean L2).", "",
-              "| buffer | floor | write flush | read flush | warm | write - read |",
-              "|---|---|---|---|---|---|"]
+              "| buffer | floor | write flush | read flush | warm | write - read "
+              "| read flush, 16 KiB per program |",
+              "|---|---|---|---|---|---|---|"]
         for k, v in fp.items():
             if isinstance(v, dict):
                 L.append(f"| {k} | {_f(v['floor_us'])} | {_f(v['write_flush_us'])} | "
                          f"{_f(v['read_flush_us'])} | {_f(v['warm_us'])} | "
-                         f"{_f(v['write_flush_us'] - v['read_flush_us'])} |")
+                         f"{_f(v['write_flush_us'] - v['read_flush_us'])} | "
+                         f"{_f(v.get('read_flush_16k_us'))} |")
     if any("total_clean_us" in r for r in res.get("decode", [])):
         L += ["", "## Decode with a clean L2 (flushed by a 256 MiB read; microseconds)", "",
               "| batch | context | KV | index+top-k | attention | total | total PDL | floor "

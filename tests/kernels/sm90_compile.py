@@ -94,6 +94,10 @@ def main():
                                           FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=False), 4),
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=4, NUM_SPLITS=4,
                                           FUSED_MERGE=True, S_PAD=4, PREFETCH_ROWS=False), 4),
+            # the fused merge reading the partials with L2 (.cg) loads
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=4, NUM_SPLITS=4,
+                                          FUSED_MERGE=True, S_PAD=4, PREFETCH_ROWS=False,
+                                          MERGE_L2_LOADS=True), 4),
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1,
                                           FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=True), 4),
             # decode launch with programmatic dependent launch (griddepcontrol)
@@ -107,6 +111,9 @@ def main():
             # each step's rows loaded during the step before
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True), 4),
+            # ... the pair ids, slots and positions only (query rows at the step's top)
+            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
+                                                  PREFETCH_PAIRS=True, PREFETCH_QUERY=False), 4),
             # ``query_mma``: an fp8 block converted to bf16 once, the MMA in bf16
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True, FP16_MMA=False), 4),
@@ -176,6 +183,16 @@ def main():
                                 HAS_IDS=False, VALID_FROM_POS=True, SINGLE_CHUNK=True,
                                 PDL=True), 4)
     assert len(cubin) > 0
+    # the decode top-k by rank: 64 blocks (8k context) and 256 (32k)
+    for chunk, warps in ((64, 1), (256, 2)):
+        cubin = compile_kernel(block_topk_select_kernel, dict(vals_ptr="*fp32", ids_ptr="*fp32",
+                                                              pos_ptr="*i32", out_ptr="*i32"),
+                               dict(TOPK=16, TOPK_PAD=16, CHUNK=chunk, SPARSE_BLOCK=128,
+                                    HAS_IDS=False, VALID_FROM_POS=True, SINGLE_CHUNK=True,
+                                    PDL=True, RANK=True, RANK_COLS=min(chunk, 4096 // chunk)),
+                               warps)
+        assert len(cubin) > 0
+        done += 1
     cubin = compile_kernel(sparse_attn_merge_kernel, dict(part_o_ptr="*fp32",
                                                           part_lse_ptr="*fp32", out_ptr="*bf16"),
                            dict(HQ=16, S=8, S_PAD=8, D=128, D_PAD=128, PDL=True), 4)

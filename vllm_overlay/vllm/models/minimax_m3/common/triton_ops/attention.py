@@ -217,9 +217,12 @@ def block_sparse_attention(
         registers for all of them (default) or loads it again each step;
         ``prefetch_pairs``: block-major loads each step's pairs and query rows
         during the step before (default: unless the MMA runs in fp16 for an
-        fp8 cache); ``query_mma``: with an fp8 cache and bf16 queries,
+        fp8 cache); ``prefetch_query``: with ``prefetch_pairs``, the query
+        rows too (default) or only the pair ids, slots and positions;
+        ``query_mma``: with an fp8 cache and bf16 queries,
         block-major converts the held K/V to bf16 once and runs its MMA in
-        bf16 (off: in fp16);
+        bf16 (off: in fp16); ``merge_l2_loads``: with ``fused_merge``, the
+        last split program reads the partials with L2 loads, not volatile ones (CUDA);
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
@@ -349,6 +352,8 @@ def block_sparse_attention(
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
         PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), PDL=pdl,
+        MERGE_L2_LOADS=bool(tune.get("merge_l2_loads", False)) and device.type == "cuda"
+        and torch.version.hip is None,
         num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2), **pdl_kw,
     )
     if splits > 1 and not fused:
@@ -414,6 +419,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
             # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
             PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or query_mma)),
+            PREFETCH_QUERY=bool(tune.get("prefetch_query", True)),
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
             # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);

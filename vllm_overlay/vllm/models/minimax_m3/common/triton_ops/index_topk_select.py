@@ -14,6 +14,11 @@ Layouts:
 SINGLE_CHUNK (N <= CHUNK): the extracted entries go straight to their slots.
 If VALID_FROM_POS, only columns b <= token_pos // SPARSE_BLOCK are read (the
 decode score buffer is only written up to the own block).
+RANK (SINGLE_CHUNK only): no chain of TOPK arg-max reductions; every entry
+counts the entries ahead of it (larger, or equal and to its left) in one
+pass over [CHUNK, RANK_COLS] tiles, and the entries ranked below TOPK go
+straight to the slot of their rank (CHUNK x CHUNK comparisons: for short
+rows, i.e. short contexts).
 """
 
 from ._triton import tl, tl_cuda, triton
@@ -32,38 +37,72 @@ def topk_insert(run_v, run_i, offs_k, new_v, new_i):
 
 
 @triton.jit
+def rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK: tl.constexpr,
+                  TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, RANK_COLS: tl.constexpr,
+                  VOLATILE: tl.constexpr):
+    """``select_topk_row`` by rank for a row of at most CHUNK entries; the
+    slots are filled in descending score order (ties: the lower column first)."""
+    offs = tl.arange(0, CHUNK)
+    offs_j = tl.arange(0, RANK_COLS)
+    v = tl.load(vals_ptr + row + offs, mask=offs < n_valid, other=float("-inf"),
+                volatile=VOLATILE)
+    rank = tl.zeros([CHUNK], tl.int32)
+    for j0 in tl.static_range(0, CHUNK, RANK_COLS):
+        cols = j0 + offs_j
+        vj = tl.load(vals_ptr + row + cols, mask=cols < n_valid, other=float("-inf"),
+                     volatile=VOLATILE)
+        ahead = (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None])
+                                              & (cols[None, :] < offs[:, None]))
+        rank += tl.sum(ahead.to(tl.int32), axis=1)
+    chosen = (rank < TOPK) & (v > float("-inf"))
+    tl.store(out_row_ptr + rank, offs.to(tl.int32), mask=chosen)
+    # the chosen entries hold ranks 0 .. n_chosen - 1: -1 in the slots after them
+    n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
+    offs_k = tl.arange(0, TOPK_PAD)
+    tl.store(out_row_ptr + offs_k, tl.full([TOPK_PAD], -1, tl.int32),
+             mask=(offs_k >= n_chosen) & (offs_k < TOPK))
+
+
+@triton.jit
 def select_topk_row(
     vals_ptr, ids_ptr, row, n_valid, out_row_ptr,
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     HAS_IDS: tl.constexpr, SINGLE_CHUNK: tl.constexpr, VOLATILE: tl.constexpr,
+    RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
 ):
     """Top-k of ``vals[row + 0 .. row + n_valid)`` into ``out_row_ptr[0:TOPK]``.
     VOLATILE: read the row uncached (it was written by other programs of the
-    same launch; see index_block_max_decode_kernel's FUSED_SELECT)."""
-    offs_k = tl.arange(0, TOPK_PAD)
-    offs_c = tl.arange(0, CHUNK)
-    # padded slots hold +inf so they are never the minimum (never written out)
-    run_v = tl.where(offs_k < TOPK, float("-inf"), float("inf"))
-    run_i = tl.full([TOPK_PAD], -1, tl.int32)
-    for c0 in range(0, n_valid, CHUNK):
-        cols = c0 + offs_c
-        cmask = cols < n_valid
-        v = tl.load(vals_ptr + row + cols, mask=cmask, other=float("-inf"), volatile=VOLATILE)
-        if HAS_IDS:
-            ids = tl.load(ids_ptr + row + cols, mask=cmask, other=-1)
-        for it in tl.static_range(TOPK):
-            best, j = tl.max(v, axis=0, return_indices=True)
+    same launch; see index_block_max_decode_kernel's FUSED_SELECT).
+    RANK: ``rank_topk_row`` (SINGLE_CHUNK rows without ids)."""
+    if RANK:
+        tl.static_assert(SINGLE_CHUNK and not HAS_IDS)
+        rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK, TOPK_PAD, CHUNK, RANK_COLS,
+                      VOLATILE)
+    else:
+        offs_k = tl.arange(0, TOPK_PAD)
+        offs_c = tl.arange(0, CHUNK)
+        # padded slots hold +inf so they are never the minimum (never written out)
+        run_v = tl.where(offs_k < TOPK, float("-inf"), float("inf"))
+        run_i = tl.full([TOPK_PAD], -1, tl.int32)
+        for c0 in range(0, n_valid, CHUNK):
+            cols = c0 + offs_c
+            cmask = cols < n_valid
+            v = tl.load(vals_ptr + row + cols, mask=cmask, other=float("-inf"), volatile=VOLATILE)
             if HAS_IDS:
-                bid = tl.sum(tl.where(offs_c == j, ids, 0), axis=0)
-            else:
-                bid = c0 + j
-            if SINGLE_CHUNK:
-                # extraction order is descending: slot `it` gets the it-th best
-                run_i = tl.where(offs_k == it, tl.where(best > float("-inf"), bid, -1), run_i)
-            else:
-                run_v, run_i = topk_insert(run_v, run_i, offs_k, best, bid.to(tl.int32))
-            v = tl.where(offs_c == j, float("-inf"), v)
-    tl.store(out_row_ptr + offs_k, run_i, mask=offs_k < TOPK)
+                ids = tl.load(ids_ptr + row + cols, mask=cmask, other=-1)
+            for it in tl.static_range(TOPK):
+                best, j = tl.max(v, axis=0, return_indices=True)
+                if HAS_IDS:
+                    bid = tl.sum(tl.where(offs_c == j, ids, 0), axis=0)
+                else:
+                    bid = c0 + j
+                if SINGLE_CHUNK:
+                    # extraction order is descending: slot `it` gets the it-th best
+                    run_i = tl.where(offs_k == it, tl.where(best > float("-inf"), bid, -1), run_i)
+                else:
+                    run_v, run_i = topk_insert(run_v, run_i, offs_k, best, bid.to(tl.int32))
+                v = tl.where(offs_c == j, float("-inf"), v)
+        tl.store(out_row_ptr + offs_k, run_i, mask=offs_k < TOPK)
 
 
 @triton.jit
@@ -75,7 +114,7 @@ def block_topk_select_kernel(
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr,
     HAS_IDS: tl.constexpr, VALID_FROM_POS: tl.constexpr, SINGLE_CHUNK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
 ):
     if PDL:  # see index_score_decode: static inputs first, then wait
         tl_cuda.gdc_launch_dependents()
@@ -90,4 +129,4 @@ def block_topk_select_kernel(
         tl_cuda.gdc_wait()
     select_topk_row(vals_ptr, ids_ptr, t.to(tl.int64) * stride_vt + h * stride_vh, n_valid,
                     out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh,
-                    TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False)
+                    TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False, RANK, RANK_COLS)

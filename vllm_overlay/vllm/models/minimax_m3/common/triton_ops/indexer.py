@@ -123,7 +123,7 @@ def index_block_topk(
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
         num_warps, num_stages, prefetch_rows, skip_full_mask; decode decode_stages,
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
-        decode_warps).
+        decode_warps, rank_select).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -200,6 +200,9 @@ def index_block_topk(
             DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl,
             num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
+        # rank_select: top-k by rank in one pass instead of TOPK arg-max rounds
+        # (rows of at most 256 blocks, i.e. contexts up to 32k at 128-token blocks)
+        rank = bool(tune.get("rank_select", False)) and max_blocks <= chunk <= 256
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
                 scores, scores, token_pos, out,
@@ -209,6 +212,7 @@ def index_block_topk(
                 TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
                 SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
                 SINGLE_CHUNK=max_blocks <= chunk, PDL=pdl,
+                RANK=rank, RANK_COLS=min(chunk, max(16, 4096 // chunk)),
                 num_warps=_select_warps(chunk), **pdl_kw,
             )
 

@@ -24,6 +24,9 @@ PREFETCH_PAIRS: each step's pair rows (slot, position, query rows) are loaded
 during the step before, and its pair ids two steps before, so their latency
 overlaps the step's math instead of opening it (the kernel runs with one
 pipeline stage; Triton's pipeliner waits for all of a step's copies at once).
+PREFETCH_QUERY=False keeps the pair ids, slots and positions prefetched but
+loads each step's query rows at the top of the step (fewer live registers:
+with an fp8 cache the prefetched query rows make ptxas spill).
 
 Scale modes (``SCALE_MODE`` constexpr): as ``sparse_attn_fwd`` (0 none, 1
 scalar folded, 2 per token and KV head, 3 scalar unfolded).
@@ -48,17 +51,27 @@ from ._triton import tl, triton
 
 
 @triton.jit
+def query_rows(q_ptr, tok, rvalid, heads, offs_d, dmask, stride_qt, stride_qh):
+    """The query rows [R, D_PAD] of tokens ``tok`` [R], heads ``heads`` [R]."""
+    return tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh
+                   + offs_d[None, :], mask=rvalid[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
 def pair_rows(q_ptr, pair_slot_ptr, pos_ptr, tok, first, s0, n, row_pair, head_valid, heads,
-              offs_d, dmask, stride_qt, stride_qh):
+              offs_d, dmask, stride_qt, stride_qh, LOAD_Q: tl.constexpr):
     """The rows of one step, pairs ``s0 + row_pair`` of the program's ``n``
     (tokens ``tok`` [R], already loaded): the row validity, the pairs'
-    selection slots and positions [R], and the query rows [R, D_PAD]."""
+    selection slots and positions [R], and the query rows [R, D_PAD] (with
+    LOAD_Q; else a scalar stand-in, the caller loads them with ``query_rows``)."""
     pvalid = s0 + row_pair < n
     rvalid = pvalid & head_valid
     slot = tl.load(pair_slot_ptr + first + s0 + row_pair, mask=pvalid, other=0)
     pos_r = tl.load(pos_ptr + tok, mask=pvalid, other=-1)
-    q = tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh
-                + offs_d[None, :], mask=rvalid[:, None] & dmask[None, :], other=0.0)
+    if LOAD_Q:
+        q = query_rows(q_ptr, tok, rvalid, heads, offs_d, dmask, stride_qt, stride_qh)
+    else:
+        q = 0.0
     return rvalid, slot, pos_r, q
 
 
@@ -80,7 +93,9 @@ def sparse_attn_block_major_kernel(
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     HOLD_KV: tl.constexpr = True, PREFETCH_PAIRS: tl.constexpr = False,
+    PREFETCH_QUERY: tl.constexpr = True,
 ):
+    QUERY_AT_STEP: tl.constexpr = PREFETCH_PAIRS and not PREFETCH_QUERY
     R: tl.constexpr = TM * G_PAD
     # the whole block is one key tile: load it once into registers for all the
     # program's pairs (HOLD_KV; else every step loads it again, from L2, through
@@ -138,7 +153,7 @@ def sparse_attn_block_major_kernel(
         tok = tl.load(pair_tok_ptr + first + row_pair, mask=row_pair < n, other=0)
         rvalid, slot, pos_r, q = pair_rows(
             q_ptr, pair_slot_ptr, pos_ptr, tok, first, 0, n, row_pair, row_head < G, heads,
-            offs_d, dmask, stride_qt, stride_qh)
+            offs_d, dmask, stride_qt, stride_qh, not QUERY_AT_STEP)
         if PREFETCH_PAIRS:
             tok_n = tl.load(pair_tok_ptr + first + TM + row_pair, mask=TM + row_pair < n,
                             other=0)
@@ -150,10 +165,16 @@ def sparse_attn_block_major_kernel(
                                  mask=s0 + 2 * TM + row_pair < n, other=0)
                 rvalid_n, slot_n, pos_n, q_n = pair_rows(
                     q_ptr, pair_slot_ptr, pos_ptr, tok_n, first, s0 + TM, n, row_pair,
-                    row_head < G, heads, offs_d, dmask, stride_qt, stride_qh)
+                    row_head < G, heads, offs_d, dmask, stride_qt, stride_qh,
+                    not QUERY_AT_STEP)
+            if QUERY_AT_STEP:
+                q_step = query_rows(q_ptr, tok, rvalid, heads, offs_d, dmask, stride_qt,
+                                    stride_qh)
+            else:
+                q_step = q
             tok64 = tok.to(tl.int64)
             qo, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
-                q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
+                q_step, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
             m_i = tl.full([R], float("-inf"), tl.float32)
             l_i = tl.zeros([R], tl.float32)
             acc = tl.zeros([R, D_PAD], tl.float32)
@@ -191,4 +212,4 @@ def sparse_attn_block_major_kernel(
                               mask=s0 + TM + row_pair < n, other=0)
                 rvalid, slot, pos_r, q = pair_rows(
                     q_ptr, pair_slot_ptr, pos_ptr, tok, first, s0 + TM, n, row_pair,
-                    row_head < G, heads, offs_d, dmask, stride_qt, stride_qh)
+                    row_head < G, heads, offs_d, dmask, stride_qt, stride_qh, True)
