@@ -1205,11 +1205,14 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
     chunk at the end of 8k-128k contexts, the index's own selections, bf16 and
     fp8 KV; each variant's output is compared with one token per program's.
     ``BLOCK_MAJOR_VARIANTS`` (comma-separated names) times only those
-    variants, without the side launches and the short chunks."""
+    variants, without the side launches and the short chunks;
+    ``BLOCK_MAJOR_KV_MODES`` picks the KV scale modes (default ``0,1``; 2 = fp8
+    with per-token-head scales)."""
     out = []
     only = {v for v in os.environ.get("BLOCK_MAJOR_VARIANTS", "").split(",") if v}
+    kv_modes = [int(m) for m in os.environ.get("BLOCK_MAJOR_KV_MODES", "0,1").split(",")]
     for ctx in (8192, 32768, 131072):
-        for kv_mode in (0, 1):
+        for kv_mode in kv_modes:
             bt = Batch([ctx], 8192, kv_mode, dev)
             sel = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                    bt.token_pos, B, TOPK, num_decode_tokens=0)
@@ -1242,6 +1245,8 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                                  prefetch_pairs=True, prefetch_query=False))),
                              ("bm4_qmma_pfnoq", dict(block_major=4, _tune=dict(
                                  query_mma=True, prefetch_pairs=True, prefetch_query=False))),
+                             ("bm4_fp16_nopf", dict(block_major=4, _tune=dict(
+                                 query_mma=False, prefetch_pairs=False))),
                              ("bm4_qmma_nopf", dict(block_major=4, _tune=dict(
                                  query_mma=True, prefetch_pairs=False)))):
                 if only and name not in only and name != "per_token":
@@ -1250,7 +1255,7 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                 def run(o=o, kw=kw):
                     return block_sparse_attention(
                         bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
-                        D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None, out=o, **kw)
+                        D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales, out=o, **kw)
                 try:
                     if name == "per_token":
                         run(o=ref)
