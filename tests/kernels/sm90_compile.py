@@ -94,10 +94,6 @@ def main():
                                           FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=False), 4),
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=4, NUM_SPLITS=4,
                                           FUSED_MERGE=True, S_PAD=4, PREFETCH_ROWS=False), 4),
-            # the fused merge reading the partials with L2 (.cg) loads
-            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=4, NUM_SPLITS=4,
-                                          FUSED_MERGE=True, S_PAD=4, PREFETCH_ROWS=False,
-                                          MERGE_L2_LOADS=True), 4),
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=16, NUM_SPLITS=1,
                                           FUSED_MERGE=False, S_PAD=2, PREFETCH_ROWS=True), 4),
             # decode launch with programmatic dependent launch (griddepcontrol)
@@ -111,12 +107,12 @@ def main():
             # each step's rows loaded during the step before
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True), 4),
-            # ... the pair ids, slots and positions only (query rows at the step's top)
+            # ``query_mma`` (the default with scalar fp8 scales): an fp8 block converted
+            # to bf16 once, the MMA in bf16, the pair rows but not the query rows
+            # prefetched
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
-                                                  PREFETCH_PAIRS=True, PREFETCH_QUERY=False), 4),
-            # ``query_mma``: an fp8 block converted to bf16 once, the MMA in bf16
-            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
-                                                  PREFETCH_PAIRS=True, FP16_MMA=False), 4),
+                                                  PREFETCH_PAIRS=True, PREFETCH_QUERY=False,
+                                                  FP16_MMA=False), 4),
             # K/V loaded again each step (shared memory through the pipeline)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 4),

@@ -298,8 +298,8 @@ def test_index_block_topk(case, shape, dtype):
     # backend's split), all-prefill, the default, and all-decode where cheap
     variants = [dict(num_decode_tokens=n_dec), dict(num_decode_tokens=0), dict(),
                 dict(num_decode_tokens=n_dec, fused_select=True),
-                # the decode top-k by rank (one pass) instead of arg-max rounds
-                dict(num_decode_tokens=n_dec, _tune=dict(rank_select=True))]
+                # the decode top-k by arg-max rounds (short rows default to ranks)
+                dict(num_decode_tokens=n_dec, _tune=dict(rank_select=False))]
     if ON_GPU or batch.T <= 12:
         variants.append(dict(num_decode_tokens=batch.T))
     # the prefill index skipping the causal mask of fully visible blocks
@@ -428,8 +428,6 @@ def test_block_sparse_attention(case, shape, dtype):
     splits_list = (1, 2, topk) if case == "mixed" else (1, 2)
     runs = [(n, False, None) for n in ((None,) + splits_list if ON_GPU else splits_list)]
     runs += [(n, True, None) for n in splits_list if n != 1]  # the split merge fused in
-    if ON_GPU:  # ... reading the partials with L2 loads (CUDA)
-        runs += [(n, True, dict(merge_l2_loads=True)) for n in splits_list if n != 1]
     if ON_GPU:  # programmatic dependent launch of the attention and its merge (sm90+)
         runs += [(n, False, dict(pdl=True)) for n in (None, 2)]
     for splits, fused, tune in runs:

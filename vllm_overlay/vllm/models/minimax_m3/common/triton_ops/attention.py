@@ -218,11 +218,11 @@ def block_sparse_attention(
         ``prefetch_pairs``: block-major loads each step's pairs and query rows
         during the step before (default: unless the MMA runs in fp16 for an
         fp8 cache); ``prefetch_query``: with ``prefetch_pairs``, the query
-        rows too (default) or only the pair ids, slots and positions;
+        rows too (default unless ``query_mma``) or only the pair ids, slots
+        and positions;
         ``query_mma``: with an fp8 cache and bf16 queries,
         block-major converts the held K/V to bf16 once and runs its MMA in
-        bf16 (off: in fp16); ``merge_l2_loads``: with ``fused_merge``, the
-        last split program reads the partials with L2 loads, not volatile ones (CUDA);
+        bf16 (default with scalar scales, else in fp16);
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
@@ -352,8 +352,6 @@ def block_sparse_attention(
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
         PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), PDL=pdl,
-        MERGE_L2_LOADS=bool(tune.get("merge_l2_loads", False)) and device.type == "cuda"
-        and torch.version.hip is None,
         num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2), **pdl_kw,
     )
     if splits > 1 and not fused:
@@ -388,11 +386,16 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     step = cdiv(T, cdiv(T, max_tokens))  # even slices, no small tail
     rows = pairs * G_PAD
     hold_kv = bool(tune.get("hold_kv", True))
-    # ``query_mma`` (fp8 cache, bf16 queries; not measured yet, off): the block's
-    # K/V, held for all of a program's steps, converted once to the queries' dtype,
-    # so the MMA runs in bf16 as for a bf16 cache (no per-step fp16 query, whose
-    # register operand makes the prefetch spill)
-    query_mma = fp16_mma and hold_kv and bool(tune.get("query_mma", False))
+    # ``query_mma`` (fp8 cache, bf16 queries): the block's K/V, held for all of a
+    # program's steps, converted once to the queries' dtype, so the MMA runs in
+    # bf16 as for a bf16 cache (no per-step fp16 query, whose register operand
+    # makes the prefetch spill); with it each step's pair rows are prefetched
+    # but not its query rows (those spill too).  H200 run 11, 8192-token chunk,
+    # scalar scales: 651 / 745 / 745 us at 8k / 32k / 128k context against 680 /
+    # 782 / 778 for the fp16 MMA without prefetch; with per-token-head scales
+    # it spills (766 / 875 / 866 against 690 / 783 / 776), so not there
+    # (ci/results/2026-11-30-block-major-sweep*-h200-run11.json)
+    query_mma = fp16_mma and hold_kv and bool(tune.get("query_mma", kernel_mode == 1))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -419,7 +422,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
             # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
             PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or query_mma)),
-            PREFETCH_QUERY=bool(tune.get("prefetch_query", True)),
+            PREFETCH_QUERY=bool(tune.get("prefetch_query", not query_mma)),
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
             # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);

@@ -200,9 +200,12 @@ def index_block_topk(
             DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl,
             num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
-        # rank_select: top-k by rank in one pass instead of TOPK arg-max rounds
-        # (rows of at most 256 blocks, i.e. contexts up to 32k at 128-token blocks)
-        rank = bool(tune.get("rank_select", False)) and max_blocks <= chunk <= 256
+        # top-k by rank in one pass instead of TOPK arg-max rounds, for rows of at
+        # most 64 blocks (8k context at 128-token blocks): H200 run 11, the decode
+        # chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1 vs 44.8; at 256 blocks
+        # (32k) it is 4x slower (86 vs 20 us at 1 x 32k), so not there
+        # (ci/results/2026-11-30-decode-variants-h200-run11.json)
+        rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
                 scores, scores, token_pos, out,

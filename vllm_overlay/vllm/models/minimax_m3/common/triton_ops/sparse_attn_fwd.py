@@ -33,8 +33,7 @@ Layouts (element strides):
                    counts arrivals in ``counters[t * Hkv + kv_head]`` (int32,
                    zero before the launch, put back to zero) and writes ``out``
                    (strides ``stride_fot``, ``stride_foh``).  One launch, no
-                   merge kernel.  MERGE_L2_LOADS: that program reads the
-                   partials with L2 loads (``.cg``) instead of volatile ones.
+                   merge kernel.
 Rows with no visible key produce zeros.
 PDL (programmatic dependent launch, CUDA sm90+, decode): the program lets the
 next launch start, reads its query, position and request, then waits for the
@@ -47,17 +46,6 @@ fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 from ._attend import (attend_key_tile, key_tile_rows, load_key_rows, load_key_tile,
                       scales_and_operand)
 from ._triton import tl, tl_cuda, triton
-
-
-@triton.jit
-def _partial_load(ptr, mask, other, L2_LOADS: tl.constexpr):
-    """A load of partials other programs of this launch wrote (FUSED_MERGE,
-    after the acquiring arrival count): from L2 (``.cg``: no stale L1 line,
-    free to overlap; L2_LOADS, CUDA) or volatile (one after another)."""
-    if L2_LOADS:
-        return tl.load(ptr, mask=mask, other=other, cache_modifier=".cg")
-    else:
-        return tl.load(ptr, mask=mask, other=other, volatile=True)
 
 
 @triton.jit
@@ -80,7 +68,6 @@ def sparse_attn_fwd_kernel(
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 2,
     PREFETCH_ROWS: tl.constexpr = False, PDL: tl.constexpr = False,
-    MERGE_L2_LOADS: tl.constexpr = False,
 ):
     if PDL:
         tl_cuda.gdc_launch_dependents()
@@ -169,21 +156,21 @@ def sparse_attn_fwd_kernel(
                 # log-sum-exp merge of the NUM_SPLITS partials (uncached reads:
                 # other programs of this launch wrote them)
                 offs_s = tl.arange(0, S_PAD)
-                lse_all = _partial_load(part_lse_ptr + ph[:, None] * NUM_SPLITS + offs_s[None, :],
-                                        mmask[:, None] & (offs_s[None, :] < NUM_SPLITS),
-                                        float("-inf"), MERGE_L2_LOADS)
+                lse_all = tl.load(part_lse_ptr + ph[:, None] * NUM_SPLITS + offs_s[None, :],
+                                  mask=mmask[:, None] & (offs_s[None, :] < NUM_SPLITS),
+                                  other=float("-inf"), volatile=True)
                 mx = tl.max(lse_all, axis=1)
                 mx = tl.where(mx == float("-inf"), 0.0, mx)
                 w_sum = tl.sum(tl.exp2(lse_all - mx[:, None]), axis=1)
                 w_sum = tl.where(w_sum > 0.0, w_sum, 1.0)
                 res = tl.zeros([G_PAD, D_PAD], tl.float32)
                 for s_i in tl.static_range(NUM_SPLITS):
-                    lse_s = _partial_load(part_lse_ptr + ph * NUM_SPLITS + s_i, mmask,
-                                          float("-inf"), MERGE_L2_LOADS)
+                    lse_s = tl.load(part_lse_ptr + ph * NUM_SPLITS + s_i, mask=mmask,
+                                    other=float("-inf"), volatile=True)
                     w = tl.exp2(lse_s - mx) / w_sum  # 0 for empty splits
-                    o_s = _partial_load(part_o_ptr + (ph[:, None] * NUM_SPLITS + s_i) * D_PAD
-                                        + offs_d[None, :], omask & (w[:, None] > 0.0), 0.0,
-                                        MERGE_L2_LOADS)
+                    o_s = tl.load(part_o_ptr + (ph[:, None] * NUM_SPLITS + s_i) * D_PAD
+                                  + offs_d[None, :], mask=omask & (w[:, None] > 0.0),
+                                  other=0.0, volatile=True)
                     res += o_s * w[:, None]
                 fptr = out_ptr + t64 * stride_fot + heads[:, None] * stride_foh + offs_d[None, :]
                 tl.store(fptr, res.to(out_ptr.dtype.element_ty), mask=omask)
