@@ -1245,12 +1245,14 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                                                _tune=dict(prefetch_pairs=False))),
                              # fp8 cache: the held block in bf16, the MMA in bf16 (with
                              # and without the prefetch); the same as bm4 for bf16
-                             ("bm4_qmma", dict(block_major=4, _tune=dict(query_mma=True))),
+                             ("bm4_qmma", dict(block_major=4, _tune=dict(
+                                 query_mma=True, prefetch_query=True))),
                              # prefetch without the query rows (loaded at the step's top)
                              ("bm4_pfnoq", dict(block_major=4, _tune=dict(
                                  prefetch_pairs=True, prefetch_query=False))),
                              ("bm4_qmma_pfnoq", dict(block_major=4, _tune=dict(
                                  query_mma=True, prefetch_pairs=True, prefetch_query=False))),
+                             # the fp8 default before run 11 (fp16 MMA, no prefetch)
                              ("bm4_fp16_nopf", dict(block_major=4, _tune=dict(
                                  query_mma=False, prefetch_pairs=False))),
                              ("bm4_qmma_nopf", dict(block_major=4, _tune=dict(
