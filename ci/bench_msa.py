@@ -990,9 +990,8 @@ def sweep_decode_profile(timer, dev, index_block_topk, block_sparse_attention):
 
 
 def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
-    """The decode chain (index + top-k + attention) with the top-k by rank
-    (unrolled or ``rank_loop``) or by arg-max rounds and the split merge fused
-    into the attention, L2
+    """The decode chain (index + top-k + attention) with the top-k by rank or
+    by arg-max rounds and the split merge fused into the attention, L2
     flushed by a write and by a read; each variant's selection
     (as sets) and output checked against the default's."""
     out = []
@@ -1001,10 +1000,9 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
     variants = (("default", {}, {}, False),
                 ("rank", dict(rank_select=True), {}, False),
                 ("argmax", dict(rank_select=False), {}, False),
-                ("rank_loop", dict(rank_select=True, rank_loop=True), {}, False),
                 ("fused_merge", {}, {}, True))
     for batch, ctx, kv_mode in ((1, 8192, 0), (1, 32768, 0), (32, 8192, 0), (32, 8192, 1),
-                                (32, 32768, 0), (1, 131072, 0), (32, 131072, 0)):
+                                (32, 32768, 0)):
         bt = Batch([ctx] * batch, 1, kv_mode, dev)
         ref_sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         ref_o = torch.empty_like(bt.q)

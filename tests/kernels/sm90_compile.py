@@ -179,16 +179,13 @@ def main():
                                 HAS_IDS=False, VALID_FROM_POS=True, SINGLE_CHUNK=True,
                                 PDL=True), 4)
     assert len(cubin) > 0
-    # the decode top-k by rank: 64 blocks (8k context) and 256 (32k), unrolled; and
-    # the runtime loop over transposed tiles (``rank_loop``) at 256 and 1024 blocks
-    for chunk, warps, loop in ((64, 1, False), (256, 2, False), (256, 2, True),
-                               (1024, 4, True)):
-        cols = 16 if loop else min(chunk, 4096 // chunk)
+    # the decode top-k by rank: 64 blocks (8k context) and 256 (32k)
+    for chunk, warps in ((64, 1), (256, 2)):
         cubin = compile_kernel(block_topk_select_kernel, dict(vals_ptr="*fp32", ids_ptr="*fp32",
                                                               pos_ptr="*i32", out_ptr="*i32"),
                                dict(TOPK=16, TOPK_PAD=16, CHUNK=chunk, SPARSE_BLOCK=128,
                                     HAS_IDS=False, VALID_FROM_POS=True, SINGLE_CHUNK=True,
-                                    PDL=True, RANK=True, RANK_COLS=cols, RANK_LOOP=loop),
+                                    PDL=True, RANK=True, RANK_COLS=min(chunk, 4096 // chunk)),
                                warps)
         assert len(cubin) > 0
         done += 1

@@ -299,10 +299,7 @@ def test_index_block_topk(case, shape, dtype):
     variants = [dict(num_decode_tokens=n_dec), dict(num_decode_tokens=0), dict(),
                 dict(num_decode_tokens=n_dec, fused_select=True),
                 # the decode top-k by arg-max rounds (short rows default to ranks)
-                dict(num_decode_tokens=n_dec, _tune=dict(rank_select=False)),
-                # ... by ranks in a runtime loop over 4 transposed tiles
-                dict(num_decode_tokens=n_dec, select_chunk=64,
-                     _tune=dict(rank_select=True, rank_loop=True))]
+                dict(num_decode_tokens=n_dec, _tune=dict(rank_select=False))]
     if ON_GPU or batch.T <= 12:
         variants.append(dict(num_decode_tokens=batch.T))
     # the prefill index skipping the causal mask of fully visible blocks
@@ -311,9 +308,6 @@ def test_index_block_topk(case, shape, dtype):
         variants.append(dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=False)))
         # the decode chain with programmatic dependent launch (sm90+)
         variants.append(dict(num_decode_tokens=n_dec, _tune=dict(pdl=True)))
-        # the rank loop on rows of up to 1024 blocks (128k contexts)
-        variants.append(dict(num_decode_tokens=n_dec, _tune=dict(rank_select=True,
-                                                                 rank_loop=True)))
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
         # tuning knobs: several blocks per decode program, prefill split over
         # the context with a merge, top-k selection streaming several chunks

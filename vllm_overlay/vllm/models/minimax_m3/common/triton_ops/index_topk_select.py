@@ -39,35 +39,21 @@ def topk_insert(run_v, run_i, offs_k, new_v, new_i):
 @triton.jit
 def rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK: tl.constexpr,
                   TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, RANK_COLS: tl.constexpr,
-                  VOLATILE: tl.constexpr, RANK_LOOP: tl.constexpr = False):
+                  VOLATILE: tl.constexpr):
     """``select_topk_row`` by rank for a row of at most CHUNK entries; the
-    slots are filled in descending score order (ties: the lower column first).
-    RANK_LOOP: the compared-against entries along the tiles' first dim (the
-    count is a reduction inside each thread) in a runtime loop, one
-    [RANK_COLS, CHUNK] tile live at a time; else [CHUNK, RANK_COLS] tiles in
-    an unrolled loop (sm_90: no spills either way, but at CHUNK 256 the
-    unrolled form reduces across lanes, 4097 shuffles, and the loop form none)."""
+    slots are filled in descending score order (ties: the lower column first)."""
     offs = tl.arange(0, CHUNK)
     offs_j = tl.arange(0, RANK_COLS)
     v = tl.load(vals_ptr + row + offs, mask=offs < n_valid, other=float("-inf"),
                 volatile=VOLATILE)
     rank = tl.zeros([CHUNK], tl.int32)
-    if RANK_LOOP:
-        for j0 in range(0, CHUNK, RANK_COLS):
-            cols = j0 + offs_j
-            vj = tl.load(vals_ptr + row + cols, mask=cols < n_valid, other=float("-inf"),
-                         volatile=VOLATILE)
-            ahead = (vj[:, None] > v[None, :]) | ((vj[:, None] == v[None, :])
-                                                  & (cols[:, None] < offs[None, :]))
-            rank += tl.sum(ahead.to(tl.int32), axis=0)
-    else:
-        for j0 in tl.static_range(0, CHUNK, RANK_COLS):
-            cols = j0 + offs_j
-            vj = tl.load(vals_ptr + row + cols, mask=cols < n_valid, other=float("-inf"),
-                         volatile=VOLATILE)
-            ahead = (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None])
-                                                  & (cols[None, :] < offs[:, None]))
-            rank += tl.sum(ahead.to(tl.int32), axis=1)
+    for j0 in tl.static_range(0, CHUNK, RANK_COLS):
+        cols = j0 + offs_j
+        vj = tl.load(vals_ptr + row + cols, mask=cols < n_valid, other=float("-inf"),
+                     volatile=VOLATILE)
+        ahead = (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None])
+                                              & (cols[None, :] < offs[:, None]))
+        rank += tl.sum(ahead.to(tl.int32), axis=1)
     chosen = (rank < TOPK) & (v > float("-inf"))
     tl.store(out_row_ptr + rank, offs.to(tl.int32), mask=chosen)
     # the chosen entries hold ranks 0 .. n_chosen - 1: -1 in the slots after them
@@ -82,7 +68,7 @@ def select_topk_row(
     vals_ptr, ids_ptr, row, n_valid, out_row_ptr,
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     HAS_IDS: tl.constexpr, SINGLE_CHUNK: tl.constexpr, VOLATILE: tl.constexpr,
-    RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16, RANK_LOOP: tl.constexpr = False,
+    RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
 ):
     """Top-k of ``vals[row + 0 .. row + n_valid)`` into ``out_row_ptr[0:TOPK]``.
     VOLATILE: read the row uncached (it was written by other programs of the
@@ -91,7 +77,7 @@ def select_topk_row(
     if RANK:
         tl.static_assert(SINGLE_CHUNK and not HAS_IDS)
         rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK, TOPK_PAD, CHUNK, RANK_COLS,
-                      VOLATILE, RANK_LOOP)
+                      VOLATILE)
     else:
         offs_k = tl.arange(0, TOPK_PAD)
         offs_c = tl.arange(0, CHUNK)
@@ -129,7 +115,6 @@ def block_topk_select_kernel(
     SPARSE_BLOCK: tl.constexpr,
     HAS_IDS: tl.constexpr, VALID_FROM_POS: tl.constexpr, SINGLE_CHUNK: tl.constexpr,
     PDL: tl.constexpr = False, RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
-    RANK_LOOP: tl.constexpr = False,
 ):
     if PDL:  # see index_score_decode: static inputs first, then wait
         tl_cuda.gdc_launch_dependents()
@@ -144,5 +129,4 @@ def block_topk_select_kernel(
         tl_cuda.gdc_wait()
     select_topk_row(vals_ptr, ids_ptr, t.to(tl.int64) * stride_vt + h * stride_vh, n_valid,
                     out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh,
-                    TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False, RANK, RANK_COLS,
-                    RANK_LOOP)
+                    TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False, RANK, RANK_COLS)

@@ -123,7 +123,7 @@ def index_block_topk(
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
         num_warps, num_stages, prefetch_rows, skip_full_mask; decode decode_stages,
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
-        decode_warps, rank_select, rank_loop).
+        decode_warps, rank_select).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -205,12 +205,7 @@ def index_block_topk(
         # chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1 vs 44.8; at 256 blocks
         # (32k) it is 4x slower (86 vs 20 us at 1 x 32k), so not there
         # (ci/results/2026-11-30-decode-variants-h200-run11.json)
-        # ``rank_loop`` (not measured yet, off): the rank pass as a runtime loop over
-        # transposed tiles, which sm_90 compiles without cross-lane reductions; for
-        # rows of up to 1024 blocks
-        rank_loop = bool(tune.get("rank_loop", False))
-        rank = (bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk
-                and chunk <= (1024 if rank_loop else 256))
+        rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
                 scores, scores, token_pos, out,
@@ -220,8 +215,7 @@ def index_block_topk(
                 TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
                 SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
                 SINGLE_CHUNK=max_blocks <= chunk, PDL=pdl,
-                RANK=rank, RANK_LOOP=rank_loop,
-                RANK_COLS=min(chunk, 16 if rank_loop else max(16, 4096 // chunk)),
+                RANK=rank, RANK_COLS=min(chunk, max(16, 4096 // chunk)),
                 num_warps=_select_warps(chunk), **pdl_kw,
             )
 
