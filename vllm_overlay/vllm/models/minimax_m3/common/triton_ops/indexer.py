@@ -204,7 +204,9 @@ def index_block_topk(
         # most 64 blocks (8k context at 128-token blocks): H200 run 11, the decode
         # chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1 vs 44.8; at 256 blocks
         # (32k) it is 4x slower (86 vs 20 us at 1 x 32k), so not there
-        # (ci/results/2026-11-30-decode-variants-h200-run11.json)
+        # (ci/results/2026-11-30-decode-variants-h200-run11.json); the rank pass as a
+        # runtime loop over transposed tiles was slower still (run 12: 30.7 vs 20.8 us
+        # at 1 x 32k, 106 vs 30 at 1 x 128k; *-decode-variants-h200-run12.json), removed
         rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
