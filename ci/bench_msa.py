@@ -848,7 +848,7 @@ def distinct_per_tile(sel, tm):
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
-               "block_major", "decode_profile", "decode_variants", "persistent_decode")
+               "block_major", "decode_profile", "decode_variants")
 
 
 def checked_time(timer, run, check=lambda: None):
@@ -870,8 +870,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
                    pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide,
                    pdl_fused=sweep_pdl_fused, block_major=sweep_block_major,
-                   decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants,
-                   persistent_decode=sweep_persistent_decode)
+                   decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -1033,85 +1032,6 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
             out.append(dict(kind="decode_variants", batch=batch, context=ctx, kv_mode=kv_mode,
                             variant=name, same_selection=same_sel, max_diff=diff,
                             us_write_flush=t_w, us_read_flush=t_r))
-            print(f"[sweep] {out[-1]}", flush=True)
-        del bt
-    return out
-
-
-def load_sparse_decode():
-    """``sparse_decode`` from wherever ``load_kernels`` found the kernels."""
-    try:
-        from vllm.models.minimax_m3.common.triton_ops import sparse_decode
-    except Exception:  # noqa: BLE001
-        sparse_decode = sys.modules["msa_triton_ops"].sparse_decode
-    return sparse_decode
-
-
-PERSISTENT_VARIANTS = (("persistent", {}), ("pps2", dict(programs_per_sm=2)),
-                       ("pps8", dict(programs_per_sm=8)), ("bpp2", dict(blocks_per_prog=2)),
-                       ("bpp4", dict(blocks_per_prog=4)), ("bn64", dict(BLOCK_N=64)),
-                       ("splits4", dict(num_splits=4)), ("splits16", dict(num_splits=16)))
-
-
-def sweep_persistent_decode(timer, dev, index_block_topk, block_sparse_attention):
-    """The one-launch persistent decode (``sparse_decode``: scoring, top-k,
-    attention and merge as work items of one grid) against the default
-    chain of launches, L2 flushed by a write and by a read; each variant's
-    selection (as sets) and output checked against the chain's.  Variants:
-    ``PERSISTENT_VARIANTS`` (programs per SM, score blocks per item, the
-    attention key tile, splits)."""
-    sparse_decode = load_sparse_decode()
-    out = []
-    for batch, ctx, kv_mode, idx_fp8 in ((1, 8192, 0, False), (32, 8192, 0, False),
-                                         (32, 8192, 1, False), (32, 32768, 0, False),
-                                         (1, 131072, 0, False), (32, 131072, 0, False),
-                                         (32, 131072, 0, True)):
-        bt = Batch([ctx] * batch, 1, kv_mode, dev, idx_fp8=idx_fp8)
-        ik, iks = (bt.idx_k8, bt.idx_s) if idx_fp8 else (bt.idx_k, None)
-        ref_sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
-        ref_o = torch.empty_like(bt.q)
-
-        def chain():
-            index_block_topk(bt.idx_q, ik, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
-                             out=ref_sel, num_decode_tokens=bt.T, idx_k_scales=iks)
-            block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos,
-                                   ref_sel, B, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale,
-                                   bt.kv_scales, out=ref_o)
-        chain()
-        g = timer.graph(chain)
-        shape = dict(kind="persistent_decode", batch=batch, context=ctx, kv_mode=kv_mode,
-                     idx_fp8=idx_fp8)
-        out.append(dict(shape, variant="chain", us_write_flush=timer.time_graph(g, "write"),
-                        us_read_flush=timer.time_graph(g, "read")))
-        print(f"[sweep] {out[-1]}", flush=True)
-        for name, tune in PERSISTENT_VARIANTS:
-            sel = torch.full_like(ref_sel, -7)
-            o = torch.full_like(ref_o, float("nan"))
-
-            def one(sel=sel, o=o, tune=tune):
-                sparse_decode(bt.idx_q, ik, bt.q, bt.kv, bt.block_table, bt.token_req,
-                              bt.token_pos, B, TOPK, 1, 0, D ** -0.5, kv_mode, bt.k_scale,
-                              bt.v_scale, bt.kv_scales, idx_k_scales=iks, out=o, topk_out=sel,
-                              _tune=tune)
-            try:
-                one()
-                torch.cuda.synchronize()
-                same_sel = bool(torch.equal(sel.sort(-1).values, ref_sel.sort(-1).values))
-                diff = float((o.float() - ref_o.float()).abs().max())
-                g = timer.graph(one)
-                t_w, t_r = timer.time_graph(g, "write"), timer.time_graph(g, "read")
-                # a graph replay on fresh queries still equals the chain's result
-                bt.q.normal_()
-                bt.idx_q.normal_()
-                g.replay()
-                chain()
-                torch.cuda.synchronize()
-                replay_ok = bool(torch.equal(sel.sort(-1).values, ref_sel.sort(-1).values)
-                                 and float((o.float() - ref_o.float()).abs().max()) < 0.05)
-            except Exception as e:  # noqa: BLE001
-                same_sel, diff, t_w, t_r, replay_ok = None, None, repr(e)[:200], None, None
-            out.append(dict(shape, variant=name, same_selection=same_sel, max_diff=diff,
-                            replay_ok=replay_ok, us_write_flush=t_w, us_read_flush=t_r))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out

@@ -19,8 +19,6 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from vllm.models.minimax_m3.common.triton_ops.block_major_group import (  # noqa: E402
     block_major_rank_kernel, block_major_scatter_kernel)
-from vllm.models.minimax_m3.common.triton_ops.decode_persistent import (  # noqa: E402
-    msa_decode_persistent_kernel)
 from vllm.models.minimax_m3.common.triton_ops.index_score_decode import (  # noqa: E402
     index_block_max_decode_kernel)
 from vllm.models.minimax_m3.common.triton_ops.index_topk_prefill import (  # noqa: E402
@@ -197,28 +195,6 @@ def main():
     assert len(cubin) > 0
     print("compiled block_topk_select_kernel and sparse_attn_merge_kernel PDL=True", flush=True)
     done += 2
-    # the persistent one-launch decode: 8k (rank top-k, 8 splits) and 32k (arg-max
-    # rounds) with bf16 KV, fp8 index keys with scalar fp8 KV, per-token-head fp8 KV
-    for mode, idx_fp8, chunk, bpp, splits in ((0, False, 64, 1, 8), (0, False, 256, 1, 8),
-                                              (1, True, 1024, 2, 8), (2, False, 64, 1, 1)):
-        ptrs = dict(iq_ptr="*bf16", ik_ptr="*fp8e4nv" if idx_fp8 else "*bf16", iks_ptr="*fp32",
-                    score_ptr="*fp32", sel_ptr="*i32", q_ptr="*bf16",
-                    kv_ptr="*bf16" if mode == 0 else "*fp8e4nv", out_ptr="*bf16",
-                    part_o_ptr="*fp32", part_lse_ptr="*fp32", k_scale_ptr="*fp32",
-                    v_scale_ptr="*fp32", kvs_ptr="*fp32", bt_ptr="*i32", req_ptr="*i32",
-                    pos_ptr="*i32", sync_ptr="*i32")
-        shape = dict(H=1, H_PAD=16, DI=128, DI_PAD=128, G=16, G_PAD=16, D=128, D_PAD=128,
-                     TOPK=16, TOPK_PAD=16, SLOTS=16 // splits, NUM_SPLITS=splits,
-                     S_PAD=max(2, splits), SPARSE_BLOCK=128, IDX_BLOCK_N=128, BLOCK_N=128,
-                     PAGE_SIZE=64, LOCAL=1, INIT=1, BPP=bpp, N_SCORE=chunk // bpp, CHUNK=chunk,
-                     SINGLE_CHUNK=True, RANK=chunk <= 64, RANK_COLS=min(chunk, 4096 // chunk),
-                     K_SCALED=idx_fp8, IEEE_IDX=False, SCALE_MODE=mode, IEEE=False,
-                     FP16_MMA=mode != 0, PREFETCH_ROWS=False)
-        cubin = compile_kernel(msa_decode_persistent_kernel, ptrs, shape, 4)
-        assert len(cubin) > 0
-        print(f"compiled msa_decode_persistent_kernel mode {mode} fp8 index {idx_fp8} "
-              f"chunk {chunk} ({len(cubin)} B cubin)", flush=True)
-        done += 1
     print(f"ok {done} kernels")
     return 0
 

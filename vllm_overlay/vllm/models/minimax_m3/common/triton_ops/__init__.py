@@ -3,7 +3,6 @@
 
 Public API (same semantics as the PyTorch reference in ``../sparse_ops.py``):
   index_block_topk        index scoring + block top-k   (indexer.py)
-  sparse_decode           both for decode tokens, one persistent launch (decode.py)
   block_sparse_attention  block-sparse GQA attention    (attention.py)
   write_sparse_cache      K/V (+fp8 quant) and index-key cache writes (cache_write.py)
 Kernels, one concern per module:
@@ -16,8 +15,6 @@ Kernels, one concern per module:
   sparse_attn_block_major  prefill: one program per selected block and up to 64
                        of the (token, slot) pairs that chose it, merged per token
   sparse_attn_merge    log-sum-exp merge of split partials
-  decode_persistent    decode: scoring, top-k, attention and merge as work items
-                       of one persistent launch
 The modules import the real ``triton`` package (not vLLM's placeholder) so the
 kernels also run on CPU under ``TRITON_INTERPRET=1``.
 """
@@ -27,9 +24,8 @@ from ._utils import arrival_counters
 from .attention import (block_sparse_attention, default_prefill_layout,
                         default_prefill_token_tile)
 from .cache_write import write_sparse_cache
-from .decode import sparse_decode
 from .indexer import index_block_topk
 
 __all__ = ["HAS_TRITON", "arrival_counters", "block_sparse_attention",
            "default_prefill_layout", "default_prefill_token_tile", "index_block_topk",
-           "sparse_decode", "write_sparse_cache"]
+           "write_sparse_cache"]

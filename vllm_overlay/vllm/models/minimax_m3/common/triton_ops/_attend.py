@@ -75,18 +75,16 @@ def load_key_rows(k_base, v_base, kvs_ptr, row, srow, kload, offs_d, dmask, kv_h
 def key_tile_rows(topk_row, bt_row, it, it_hi, pos, offs_n,
                   stride_cp, stride_cs, stride_sp, stride_ss,
                   SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PAGE_SIZE: tl.constexpr, SCALE_MODE: tl.constexpr,
-                  VOLATILE_IDS: tl.constexpr = False):
+                  PAGE_SIZE: tl.constexpr, SCALE_MODE: tl.constexpr):
     """Cache row offsets of key tile ``it`` of a program's walk (tile ``it``
     is keys ``(it % NT) * BLOCK_N ...`` of the block in selection slot
     ``it // NT``, NT = SPARSE_BLOCK // BLOCK_N): (row [N], srow [N], visible
     [N]); nothing is visible when ``it >= it_hi`` or the slot holds -1.
     Issued one tile ahead, the selection and block-table loads of the next
-    tile overlap this tile's math (``PREFETCH_ROWS``).  VOLATILE_IDS: the
-    selection was written by another program of the same launch (read uncached)."""
+    tile overlap this tile's math (``PREFETCH_ROWS``)."""
     NT: tl.constexpr = SPARSE_BLOCK // BLOCK_N
     live = it < it_hi
-    b = tl.load(topk_row + it // NT, mask=live, other=-1, volatile=VOLATILE_IDS)
+    b = tl.load(topk_row + it // NT, mask=live, other=-1)
     kp = b * SPARSE_BLOCK + (it % NT) * BLOCK_N + offs_n
     kvalid = (kp <= pos) & (b >= 0)
     row = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_cp, stride_cs)
@@ -131,60 +129,6 @@ def attend_key_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, k_col_scale, v_co
         pv = tl.dot(p.to(cdt), v.to(cdt))
     acc = acc * alpha[:, None] + pv
     return m_new, l_i, acc
-
-
-@triton.jit
-def attend_selected_slots(q, topk_row, bt_row, k_base, v_base, kvs_ptr, slot_lo, slot_hi, pos,
-                          kv_head, qk_scale, k_elem_scale, v_elem_scale,
-                          stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
-                          G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                          SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
-                          PAGE_SIZE: tl.constexpr, SCALE_MODE: tl.constexpr,
-                          IEEE: tl.constexpr, PREFETCH_ROWS: tl.constexpr,
-                          VOLATILE_IDS: tl.constexpr):
-    """One query token's online softmax over the blocks in selection slots
-    ``[slot_lo, slot_hi)`` of ``topk_row`` (-1 slots and keys after ``pos``
-    masked), for the G_PAD rows of ``q`` (the token's GQA group of KV head
-    ``kv_head``; ``k_base`` / ``v_base`` point at that head's K / V).
-    PREFETCH_ROWS: one loop over key tiles, the next tile's selection slot and
-    pages resolved before this tile's K/V loads and math.  VOLATILE_IDS: the
-    selection was written by another program of the same launch.
-    Returns (m_i [G_PAD], l_i [G_PAD], acc [G_PAD, D_PAD]) in log2 units."""
-    offs_d = tl.arange(0, D_PAD)
-    offs_n = tl.arange(0, BLOCK_N)
-    dmask = offs_d < D
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    if PREFETCH_ROWS:
-        it_lo = slot_lo * (SPARSE_BLOCK // BLOCK_N)
-        it_hi = slot_hi * (SPARSE_BLOCK // BLOCK_N)
-        row, srow, kvalid = key_tile_rows(
-            topk_row, bt_row, it_lo, it_hi, pos, offs_n, stride_cp, stride_cs,
-            stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, VOLATILE_IDS)
-        for it in range(it_lo, it_hi):
-            row_n, srow_n, kvalid_n = key_tile_rows(
-                topk_row, bt_row, it + 1, it_hi, pos, offs_n, stride_cp, stride_cs,
-                stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, VOLATILE_IDS)
-            k, v, ksc, vsc = load_key_rows(
-                k_base, v_base, kvs_ptr, row, srow, kvalid, offs_d, dmask, kv_head,
-                k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
-            m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc, qk_scale,
-                                            ksc, vsc, SCALE_MODE, IEEE)
-            row, srow, kvalid = row_n, srow_n, kvalid_n
-    else:
-        for i in range(slot_lo, slot_hi):
-            b = tl.load(topk_row + i, volatile=VOLATILE_IDS)
-            for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-                kp = b * SPARSE_BLOCK + n0 + offs_n
-                kvalid = (kp <= pos) & (b >= 0)
-                k, v, ksc, vsc = load_key_tile(
-                    k_base, v_base, kvs_ptr, bt_row, kp, kvalid, offs_d, dmask, kv_head,
-                    k_elem_scale, v_elem_scale, stride_cp, stride_cs,
-                    stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
-                m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc,
-                                                qk_scale, ksc, vsc, SCALE_MODE, IEEE)
-    return m_i, l_i, acc
 
 
 @triton.jit

@@ -41,7 +41,7 @@ from .index_topk_select import select_topk_row
 
 
 @triton.jit
-def score_sparse_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d, dmask, hmask,
+def _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d, dmask, hmask,
                  H_PAD: tl.constexpr, stride_kp, stride_ks, stride_sp, stride_ss,
                  SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                  LOCAL: tl.constexpr, INIT: tl.constexpr,
@@ -116,12 +116,12 @@ def index_block_max_decode_kernel(
 
     if DEC_STAGES > 0:  # software-pipelined walk over this program's blocks
         for i in tl.range(0, nb, num_stages=DEC_STAGES):
-            score_sparse_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
+            _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
                          dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
                          SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
     else:
         for i in range(0, nb):
-            score_sparse_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
+            _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
                          dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
                          SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
 

@@ -43,7 +43,8 @@ fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 [0, 1] keeps more mantissa in fp16 than in bf16.
 """
 
-from ._attend import attend_selected_slots, scales_and_operand
+from ._attend import (attend_key_tile, key_tile_rows, load_key_rows, load_key_tile,
+                      scales_and_operand)
 from ._triton import tl, tl_cuda, triton
 
 
@@ -79,6 +80,7 @@ def sparse_attn_fwd_kernel(
 
     offs_m = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
     mmask = offs_m < G
     dmask = offs_d < D
     heads = g * G + offs_m
@@ -90,50 +92,65 @@ def sparse_attn_fwd_kernel(
         q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
 
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+    k_base = kv_ptr + g * stride_ch
+    v_base = kv_ptr + stride_ckv + g * stride_ch
     topk_row = topk_ptr + t64 * stride_tt + g * stride_th
-    m_i, l_i, acc = attend_selected_slots(
-        q, topk_row, bt_row, kv_ptr + g * stride_ch, kv_ptr + stride_ckv + g * stride_ch, kvs_ptr,
-        split * SLOTS, tl.minimum(split * SLOTS + SLOTS, TOPK), pos, g,
-        qk_scale, k_elem_scale, v_elem_scale,
-        stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
-        G_PAD, D, D_PAD, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE, PREFETCH_ROWS, False)
 
-    write_split_result(
-        acc, m_i, l_i, t64, heads, mmask, split, out_ptr, stride_fot, stride_foh,
-        part_o_ptr, part_lse_ptr, stride_ot, cnt_ptr + t64 * tl.num_programs(1) + g, v_scale_ptr,
-        D, D_PAD, NUM_SPLITS, S_PAD, G_PAD, SCALE_MODE, FUSED_MERGE)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
 
+    slot_lo = split * SLOTS
+    slot_hi = tl.minimum(slot_lo + SLOTS, TOPK)
+    if PREFETCH_ROWS:
+        # one loop over key tiles; the next tile's selection and block-table
+        # loads are issued before this tile's K/V loads and math
+        it_lo = slot_lo * (SPARSE_BLOCK // BLOCK_N)
+        it_hi = slot_hi * (SPARSE_BLOCK // BLOCK_N)
+        row, srow, kvalid = key_tile_rows(
+            topk_row, bt_row, it_lo, it_hi, pos, offs_n, stride_cp, stride_cs,
+            stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE)
+        for it in range(it_lo, it_hi):
+            row_n, srow_n, kvalid_n = key_tile_rows(
+                topk_row, bt_row, it + 1, it_hi, pos, offs_n, stride_cp, stride_cs,
+                stride_sp, stride_ss, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE)
+            k, v, ksc, vsc = load_key_rows(
+                k_base, v_base, kvs_ptr, row, srow, kvalid, offs_d, dmask, g,
+                k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
+            m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc, qk_scale,
+                                            ksc, vsc, SCALE_MODE, IEEE)
+            row, srow, kvalid = row_n, srow_n, kvalid_n
+    else:
+        for i in range(slot_lo, slot_hi):
+            b = tl.load(topk_row + i)
+            for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
+                kp = b * SPARSE_BLOCK + n0 + offs_n
+                kvalid = (kp <= pos) & (b >= 0)
+                k, v, ksc, vsc = load_key_tile(
+                    k_base, v_base, kvs_ptr, bt_row, kp, kvalid, offs_d, dmask, g,
+                    k_elem_scale, v_elem_scale, stride_cp, stride_cs,
+                    stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
+                m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc,
+                                                qk_scale, ksc, vsc, SCALE_MODE, IEEE)
 
-@triton.jit
-def write_split_result(acc, m_i, l_i, t64, heads, mmask, split, out_ptr, stride_fot, stride_foh,
-                       part_o_ptr, part_lse_ptr, rows_per_token, cnt,
-                       v_scale_ptr, D: tl.constexpr, D_PAD: tl.constexpr,
-                       NUM_SPLITS: tl.constexpr, S_PAD: tl.constexpr, G_PAD: tl.constexpr,
-                       SCALE_MODE: tl.constexpr, FUSED_MERGE: tl.constexpr):
-    """The end of one split's program: with one split the normalised rows go
-    to ``out`` (strides ``stride_fot``, ``stride_foh``); else the split's
-    normalised partial and log2 mass go to ``part_o`` / ``part_lse`` (rows
-    ``t64 * rows_per_token + heads``) and, with FUSED_MERGE, the split that
-    arrives last at ``cnt`` (int32, put back to 0) merges them into ``out``."""
-    offs_d = tl.arange(0, D_PAD)
-    dmask = offs_d < D
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if SCALE_MODE == 1:
         o = o * tl.load(v_scale_ptr)
     omask = mmask[:, None] & dmask[None, :]
     if NUM_SPLITS == 1:
-        optr = out_ptr + t64 * stride_fot + heads[:, None] * stride_foh + offs_d[None, :]
+        optr = out_ptr + t64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         # part_o: [T, Hq, NUM_SPLITS, D_PAD] contiguous; part_lse: [T, Hq, NUM_SPLITS]
-        ph = t64 * rows_per_token + heads
+        ph = t64 * stride_ot + heads  # stride_ot = Hq for the partial buffers
         tl.store(part_o_ptr + (ph[:, None] * NUM_SPLITS + split) * D_PAD + offs_d[None, :], o,
                  mask=omask)
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + ph * NUM_SPLITS + split, lse, mask=mmask)
         if FUSED_MERGE:
             tl.debug_barrier()  # every thread's partial stores precede the release
+            cnt = cnt_ptr + t64 * tl.num_programs(1) + g
             arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
             if arrived == NUM_SPLITS - 1:
                 # log-sum-exp merge of the NUM_SPLITS partials (uncached reads:
