@@ -9,26 +9,44 @@ from ._triton import tl, triton
 
 
 @triton.jit
-def scales_and_operand(q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE: tl.constexpr,
-                       IEEE: tl.constexpr, FP16_MMA: tl.constexpr):
-    """q in the tl.dot operand dtype (fp32 for IEEE runs; fp16 with an fp8
-    cache and bf16 queries: fp8 -> fp16 is one exact conversion), the score
-    scale ``sm_scale * log2(e)`` (x k_scale with SCALE_MODE 1), and the
-    per-element K/V scales of SCALE_MODE 3 (unused stand-ins otherwise); all
-    fp32 scalars."""
+def softmax_scales(sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE: tl.constexpr):
+    """The score scale ``sm_scale * log2(e)`` (x k_scale with SCALE_MODE 1), the
+    per-element K/V scales of SCALE_MODE 3 and the output scale (v_scale) of
+    SCALE_MODE 1 (unused stand-ins otherwise); all fp32 scalars.  Kernels
+    call it at their start, so the scale loads are not waited for after the
+    key walk (a decode program would wait a whole memory latency there)."""
+    qk_scale = sm_scale * 1.4426950408889634
+    k_elem_scale = qk_scale  # stand-ins (fp32 scalars) unless SCALE_MODE 3
+    v_elem_scale = qk_scale
+    out_scale = qk_scale  # stand-in unless SCALE_MODE 1
+    if SCALE_MODE == 1:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+        out_scale = tl.load(v_scale_ptr)
+    if SCALE_MODE == 3:
+        k_elem_scale = tl.load(k_scale_ptr)
+        v_elem_scale = tl.load(v_scale_ptr)
+    return qk_scale, k_elem_scale, v_elem_scale, out_scale
+
+
+@triton.jit
+def dot_operand(q, IEEE: tl.constexpr, FP16_MMA: tl.constexpr):
+    """q in the tl.dot operand dtype: fp32 for IEEE runs; fp16 with an fp8
+    cache and bf16 queries (fp8 -> fp16 is one exact conversion)."""
     if IEEE:
         q = q.to(tl.float32)
     if FP16_MMA:
         q = q.to(tl.float16)
-    qk_scale = sm_scale * 1.4426950408889634
-    k_elem_scale = qk_scale  # stand-ins (fp32 scalars) unless SCALE_MODE 3
-    v_elem_scale = qk_scale
-    if SCALE_MODE == 1:
-        qk_scale = qk_scale * tl.load(k_scale_ptr)
-    if SCALE_MODE == 3:
-        k_elem_scale = tl.load(k_scale_ptr)
-        v_elem_scale = tl.load(v_scale_ptr)
-    return q, qk_scale, k_elem_scale, v_elem_scale
+    return q
+
+
+@triton.jit
+def scales_and_operand(q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE: tl.constexpr,
+                       IEEE: tl.constexpr, FP16_MMA: tl.constexpr):
+    """``dot_operand(q)`` and ``softmax_scales``: (q, qk_scale, k_elem_scale,
+    v_elem_scale, out_scale)."""
+    qk_scale, k_elem_scale, v_elem_scale, out_scale = softmax_scales(
+        sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE)
+    return dot_operand(q, IEEE, FP16_MMA), qk_scale, k_elem_scale, v_elem_scale, out_scale
 
 
 @triton.jit
@@ -157,10 +175,11 @@ def attend_sparse_block(q, b, rows_ok, pos_r, pmax, bt_row, k_base, v_base, kvs_
 
 
 @triton.jit
-def normalized_output(acc, l_i, v_scale_ptr, SCALE_MODE: tl.constexpr):
-    """acc / l per row (rows with no mass stay 0), times v_scale with
-    SCALE_MODE 1 (the scalar v_scale applied once to the fp32 result)."""
+def normalized_output(acc, l_i, out_scale, SCALE_MODE: tl.constexpr):
+    """acc / l per row (rows with no mass stay 0), times ``out_scale`` (v_scale,
+    from ``softmax_scales``) with SCALE_MODE 1: the scalar v_scale applied once
+    to the fp32 result."""
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     if SCALE_MODE == 1:
-        o = o * tl.load(v_scale_ptr)
+        o = o * out_scale
     return o

@@ -45,8 +45,8 @@ Layouts (element strides):
   part_lse  [T, Hq, TOPK] float32, log2 of the slot's softmax mass
 """
 
-from ._attend import (attend_key_tile, attend_sparse_block, load_key_tile, normalized_output,
-                      scales_and_operand)
+from ._attend import (attend_key_tile, attend_sparse_block, dot_operand, load_key_tile,
+                      normalized_output, softmax_scales)
 from ._triton import tl, triton
 
 
@@ -121,6 +121,8 @@ def sparse_attn_block_major_kernel(
         bt_row = bt_ptr + req.to(tl.int64) * stride_bt
         k_base = kv_ptr + g * stride_ch
         v_base = kv_ptr + stride_ckv + g * stride_ch
+        qk_scale, k_elem_scale, v_elem_scale, out_scale = softmax_scales(
+            sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE)  # once, not every step
 
         offs_r = tl.arange(0, R)
         offs_d = tl.arange(0, D_PAD)
@@ -173,8 +175,7 @@ def sparse_attn_block_major_kernel(
             else:
                 q_step = q
             tok64 = tok.to(tl.int64)
-            qo, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
-                q_step, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
+            qo = dot_operand(q_step, IEEE, FP16_MMA)
             m_i = tl.full([R], float("-inf"), tl.float32)
             l_i = tl.zeros([R], tl.float32)
             acc = tl.zeros([R, D_PAD], tl.float32)
@@ -196,7 +197,7 @@ def sparse_attn_block_major_kernel(
                     stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
                     SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE)
 
-            o = normalized_output(acc, l_i, v_scale_ptr, SCALE_MODE)
+            o = normalized_output(acc, l_i, out_scale, SCALE_MODE)
             lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)),
                            float("-inf"))
             # part_o [T, HQ, TOPK, D_PAD], part_lse [T, HQ, TOPK]

@@ -86,10 +86,11 @@ def sparse_attn_fwd_kernel(
     heads = g * G + offs_m
     q = tl.load(q_ptr + t64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mmask[:, None] & dmask[None, :], other=0.0)
-    if PDL:  # q, position and request were written before the previous launch
-        tl_cuda.gdc_wait()  # began; the selection (and cache) are complete now
-    q, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
+    # the scales too are loaded now, not after the key walk
+    q, qk_scale, k_elem_scale, v_elem_scale, out_scale = scales_and_operand(
         q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
+    if PDL:  # q, position, request and scales were written before the previous
+        tl_cuda.gdc_wait()  # launch began; the selection (and cache) are complete now
 
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     k_base = kv_ptr + g * stride_ch
@@ -136,7 +137,7 @@ def sparse_attn_fwd_kernel(
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if SCALE_MODE == 1:
-        o = o * tl.load(v_scale_ptr)
+        o = o * out_scale
     omask = mmask[:, None] & dmask[None, :]
     if NUM_SPLITS == 1:
         optr = out_ptr + t64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]

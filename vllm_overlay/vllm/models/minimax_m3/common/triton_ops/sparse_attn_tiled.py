@@ -75,7 +75,7 @@ def sparse_attn_tiled_kernel(
     heads = g * G + row_head
     q = tl.load(q_ptr + tok64[:, None] * stride_qt + heads[:, None] * stride_qh
                 + offs_d[None, :], mask=rvalid[:, None] & dmask[None, :], other=0.0)
-    q, qk_scale, k_elem_scale, v_elem_scale = scales_and_operand(
+    q, qk_scale, k_elem_scale, v_elem_scale, out_scale = scales_and_operand(
         q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
 
     k_base = kv_ptr + g * stride_ch
@@ -115,6 +115,6 @@ def sparse_attn_tiled_kernel(
             stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
             SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE)
 
-    o = normalized_output(acc, l_i, v_scale_ptr, SCALE_MODE)
+    o = normalized_output(acc, l_i, out_scale, SCALE_MODE)
     optr = out_ptr + tok64[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=rvalid[:, None] & dmask[None, :])
