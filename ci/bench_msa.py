@@ -848,7 +848,7 @@ def distinct_per_tile(sel, tm):
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
-               "block_major", "decode_profile", "decode_variants")
+               "block_major", "decode_profile", "decode_variants", "decode_attn_warps")
 
 
 def checked_time(timer, run, check=lambda: None):
@@ -870,7 +870,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    fp8_index=sweep_fp8_index, prefill_index_shapes=sweep_prefill_index_shapes,
                    pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide,
                    pdl_fused=sweep_pdl_fused, block_major=sweep_block_major,
-                   decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants)
+                   decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants,
+                   decode_attn_warps=sweep_decode_attn_warps)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -1034,6 +1035,53 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
                             us_write_flush=t_w, us_read_flush=t_r))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
+    return out
+
+
+def sweep_decode_attn_warps(timer, dev, index_block_topk, block_sparse_attention):
+    """The decode attention (and the whole chain) with 4 or 8 warps per
+    program and with the next key tile's rows resolved one tile ahead, bf16
+    and both fp8 scale modes: with an fp8 cache each program converts its
+    keys and values to the MMA dtype, work that more warps split; outputs
+    checked against the default's."""
+    out = []
+    variants = (("default", {}), ("warps8", dict(num_warps=8)),
+                ("prefetch", dict(prefetch_rows=True)),
+                ("warps8_prefetch", dict(num_warps=8, prefetch_rows=True)))
+    for batch, ctx in ((1, 8192), (1, 32768), (32, 8192), (32, 32768)):
+        for kv_mode in (0, 1, 2):
+            bt = Batch([ctx] * batch, 1, kv_mode, dev)
+            sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+            index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
+                             TOPK, out=sel, num_decode_tokens=bt.T)
+            ref = torch.empty_like(bt.q)
+            for name, tune in variants:
+                o = torch.full_like(bt.q, float("nan"))
+
+                def attn(o=o, tune=tune):
+                    block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                           bt.token_pos, sel, B, D ** -0.5, kv_mode, bt.k_scale,
+                                           bt.v_scale, bt.kv_scales, out=o, _tune=tune)
+
+                def chain(attn=attn):
+                    index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                     bt.token_pos, B, TOPK, out=sel, num_decode_tokens=bt.T)
+                    attn()
+                try:
+                    attn()
+                    torch.cuda.synchronize()
+                    if name == "default":
+                        ref.copy_(o)
+                    diff = float((o.float() - ref.float()).abs().max())
+                    ga, gc = timer.graph(attn), timer.graph(chain)
+                    res = dict(attn_us=timer.time_graph(ga), attn_clean_us=timer.time_graph(ga, "read"),
+                               chain_us=timer.time_graph(gc), chain_clean_us=timer.time_graph(gc, "read"))
+                except Exception as e:  # noqa: BLE001
+                    diff, res = None, dict(error=repr(e)[:200])
+                out.append(dict(kind="decode_attn_warps", batch=batch, context=ctx, kv_mode=kv_mode,
+                                variant=name, max_diff=diff, **res))
+                print(f"[sweep] {out[-1]}", flush=True)
+            del bt
     return out
 
 
