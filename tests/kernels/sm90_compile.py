@@ -101,6 +101,10 @@ def main():
                                           FUSED_MERGE=False, S_PAD=8, PREFETCH_ROWS=False,
                                           PDL=True), 4),
             (sparse_attn_tiled_kernel, dict(TM=4, TOPK=16, TOPK_PAD=16), 4),
+            # small decode batches with an fp8 cache: 8 warps
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=1, NUM_SPLITS=16,
+                                          FUSED_MERGE=False, S_PAD=16, PREFETCH_ROWS=False,
+                                          PDL=True), 8),
             # block-major prefill: 64 (token, slot) pairs per program, 4 or 8 per step
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16), 4),
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=8, CHUNK=64, TOPK=16), 8),

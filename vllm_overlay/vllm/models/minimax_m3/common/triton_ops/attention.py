@@ -330,6 +330,12 @@ def block_sparse_attention(
         part_lse = torch.empty((T, HQ, splits), dtype=torch.float32, device=device)
         o_ptr, ost = out, (HQ, 1)
     fused = fused_merge and splits > 1
+    # an fp8 cache with at most one program per SM (small decode batches): 8 warps
+    # split each program's fp8 -> fp16 conversion of its keys and values (H200 run
+    # 13, the chain with scalar scales: 15.1 vs 15.4 us at 1 x 8k, 20.6 vs 21.3 at
+    # 1 x 32k, where bf16 takes 20.6; at 32 x 8k, 256 programs, 8 warps are slower:
+    # 53.0 vs 47.9; ci/results/2026-11-30-decode-attn-warps-h200-run13.json)
+    warps = 8 if kv_scale_mode != 0 and T * HKV * splits <= num_sms(device) else 4
     pdl = use_pdl(device, tune, T)
     pdl_kw = {"launch_pdl": True} if pdl else {}
     counters = arrival_counters(device, "attention_merge", T * HKV) if fused else dummy
@@ -352,7 +358,7 @@ def block_sparse_attention(
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
         PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), PDL=pdl,
-        num_warps=tune.get("num_warps", 4), num_stages=tune.get("num_stages", 2), **pdl_kw,
+        num_warps=tune.get("num_warps", warps), num_stages=tune.get("num_stages", 2), **pdl_kw,
     )
     if splits > 1 and not fused:
         sparse_attn_merge_kernel[(T, HQ)](
