@@ -532,8 +532,9 @@ def test_block_sparse_attention_block_major(case, shape):
             # unfolded scalar scales with a bf16 MMA: every K and V element is scaled
             # and then rounded to bf16 (8 significant bits), which folding avoids; on
             # the H200 (run 13, seed 1402868433) one element of 135168 was 0.0617 off
-            # against 0.06 allowed
-            loose = 1.5 if (not fold and tune and tune.get("query_mma")) else 1.0
+            # against 0.06 allowed. ci/probe_scale_rounding.py emulates the rounding:
+            # unfolded up to 0.116 off (folded 0.036), within twice the atol
+            loose = 2.0 if (not fold and tune and tune.get("query_mma")) else 1.0
             torch.testing.assert_close(
                 got.double(), ref, atol=atol * loose, rtol=rtol,
                 msg=lambda m: f"[seed {seed} mode {mode} fold {fold} block_major {tm} "
