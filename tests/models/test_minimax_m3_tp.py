@@ -22,8 +22,13 @@ pytestmark = pytest.mark.skipif(
 
 PROMPT_LENS = [5, 150]
 MAX_NEW = 6
-KV4 = dict(num_attention_heads=8, num_key_value_heads=4, index_n_heads=4)
-KV1 = dict(num_attention_heads=4, num_key_value_heads=1, index_n_heads=1)
+# vLLM's CPU fused MoE needs each rank's gate+up rows (2 x intermediate / TP) to be a
+# multiple of twice its GEMM's N tile, which is 32 on AVX-512 CPUs: 64 rows, so an
+# intermediate size of 64 at TP2 (the default 32 failed there: "output_size_13 %
+# min_w13_n_tile_size == 0 (32 vs. 0)", cpu_fused_moe.cpp, on an AVX-512 BF16 EPYC)
+MOE = dict(intermediate_size=64, shared_intermediate_size=64)
+KV4 = dict(num_attention_heads=8, num_key_value_heads=4, index_n_heads=4, **MOE)
+KV1 = dict(num_attention_heads=4, num_key_value_heads=1, index_n_heads=1, **MOE)
 LAYOUTS = {  # name: (checkpoint shape, extra engine arguments)
     "kv4_split": (KV4, {}),
     "kv1_replicated": (KV1, {}),
