@@ -8,7 +8,8 @@
 #   2. runs ci/bench_msa.py (BENCH_ARGS, default: the table) with the time left,
 #      results in $OUT/bench_msa.{json,md} and its log in $OUT/bench.log.
 # Env: BUDGET_S (default 570, the call's wall limit), TESTS_S (default 300, pytest's
-# share), GIT_COMMIT (recorded by the bench), BENCH_ARGS.
+# share), TEST_SHARDS (default 1: pytest processes run in parallel), GIT_COMMIT
+# (recorded by the bench), BENCH_ARGS.
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash ci/gpu_kernel_job.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,13 +35,30 @@ export PYTHONPATH="$shim"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
   torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
 
-if [ "${TESTS_S}" -gt 0 ]; then
-  timeout -s INT "$TESTS_S" python3 -m pytest -q -rs -p no:cacheprovider \
-    tests/kernels/test_minimax_m3_triton_msa.py \
-    vllm_overlay/tests/kernels/test_minimax_m3_sparse_attn_fp8_scale.py \
-    > "$OUT/kernel_tests.log" 2>&1
+TEST_FILES="tests/kernels/test_minimax_m3_triton_msa.py vllm_overlay/tests/kernels/test_minimax_m3_sparse_attn_fp8_scale.py"
+PYTEST="python3 -m pytest -q -rs -p no:cacheprovider --durations=25"
+if [ "${TESTS_S}" -gt 0 ] && [ "${TEST_SHARDS:-1}" -le 1 ]; then
+  timeout -s INT "$TESTS_S" $PYTEST $TEST_FILES > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$? ($(( $(date +%s) - T0 )) s)"
   tail -5 "$OUT/kernel_tests.log"
+elif [ "${TESTS_S}" -gt 0 ]; then
+  # Most of the tests' wall time is Triton compiling each test's kernel variants on
+  # one CPU core; TEST_SHARDS pytest processes (round-robin over the collected test
+  # ids) compile in parallel and share the GPU.
+  python3 -m pytest -q --collect-only -p no:cacheprovider $TEST_FILES 2>/dev/null \
+    | grep '::' > "$OUT/test_ids.txt"
+  pids=()
+  for i in $(seq 0 $(( TEST_SHARDS - 1 ))); do
+    awk -v n="$TEST_SHARDS" -v i="$i" 'NR % n == i' "$OUT/test_ids.txt" > "$OUT/shard$i.txt"
+    timeout -s INT "$TESTS_S" $PYTEST $(cat "$OUT/shard$i.txt") > "$OUT/kernel_tests.shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; echo "shard $i rc=$? $(tail -1 "$OUT/kernel_tests.shard$i.log")"
+  done
+  echo "kernel tests: $(( $(date +%s) - T0 )) s"
+  cat "$OUT"/kernel_tests.shard*.log > "$OUT/kernel_tests.log"
+  rm -f "$OUT"/kernel_tests.shard*.log "$OUT"/shard*.txt
 fi
 
 budget=$(( $(left) - 10 ))
