@@ -1045,11 +1045,20 @@ def sweep_decode_attn_warps(timer, dev, index_block_topk, block_sparse_attention
     keys and values to the MMA dtype, work that more warps split; outputs
     checked against the default's."""
     out = []
-    variants = (("default", {}), ("warps8", dict(num_warps=8)),
+    variants = (("default", {}), ("warps4", dict(num_warps=4)), ("warps8", dict(num_warps=8)),
                 ("prefetch", dict(prefetch_rows=True)),
                 ("warps8_prefetch", dict(num_warps=8, prefetch_rows=True)))
-    for batch, ctx in ((1, 8192), (1, 32768), (32, 8192), (32, 32768)):
-        for kv_mode in (0, 1, 2):
+    # DECODE_ATTN_WARPS_SHAPES="2x8192,4x8192" (batch x context) and
+    # DECODE_ATTN_WARPS_KV_MODES="1" narrow the sweep
+    shapes = [tuple(int(v) for v in s.split("x"))
+              for s in os.environ.get("DECODE_ATTN_WARPS_SHAPES",
+                                      "1x8192,1x32768,32x8192,32x32768").split(",")]
+    kv_modes = [int(m) for m in os.environ.get("DECODE_ATTN_WARPS_KV_MODES", "0,1,2").split(",")]
+    names = os.environ.get("DECODE_ATTN_WARPS_VARIANTS")
+    if names:
+        variants = tuple(v for v in variants if v[0] == "default" or v[0] in names.split(","))
+    for batch, ctx in shapes:
+        for kv_mode in kv_modes:
             bt = Batch([ctx] * batch, 1, kv_mode, dev)
             sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
             index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,

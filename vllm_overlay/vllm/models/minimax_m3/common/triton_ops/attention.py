@@ -330,12 +330,14 @@ def block_sparse_attention(
         part_lse = torch.empty((T, HQ, splits), dtype=torch.float32, device=device)
         o_ptr, ost = out, (HQ, 1)
     fused = fused_merge and splits > 1
-    # an fp8 cache with at most one program per SM (small decode batches): 8 warps
-    # split each program's fp8 -> fp16 conversion of its keys and values (H200 run
-    # 13, the chain with scalar scales: 15.1 vs 15.4 us at 1 x 8k, 20.6 vs 21.3 at
-    # 1 x 32k, where bf16 takes 20.6; at 32 x 8k, 256 programs, 8 warps are slower:
-    # 53.0 vs 47.9; ci/results/2026-11-30-decode-attn-warps-h200-run13.json)
-    warps = 8 if kv_scale_mode != 0 and T * HKV * splits <= num_sms(device) else 4
+    # an fp8 cache with programs on at most half the SMs (decode batches up to 4
+    # tokens at 16 splits): 8 warps split each program's fp8 -> fp16 conversion of
+    # its keys and values (H200, the chain with scalar scales: run 13, 15.1 vs 15.4 us
+    # at 1 x 8k, 20.6 vs 21.3 at 1 x 32k; run 15, attention 10.5 vs 10.9 at 2 x 8k,
+    # 11.2 vs 11.8 at 4 x 8k).  At 8 x 8k (128 programs) 8 warps lose already (13.9
+    # vs 13.5, per-token-head scales 15.6 vs 14.1), at 32 x 8k more (53.0 vs 47.9);
+    # ci/results/2026-11-30-decode-attn-warps-h200-run{13,15}.json
+    warps = 8 if kv_scale_mode != 0 and 2 * T * HKV * splits <= num_sms(device) else 4
     pdl = use_pdl(device, tune, T)
     pdl_kw = {"launch_pdl": True} if pdl else {}
     counters = arrival_counters(device, "attention_merge", T * HKV) if fused else dummy
