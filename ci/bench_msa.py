@@ -1313,7 +1313,14 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              ("bm4_fp16_nopf", dict(block_major=4, _tune=dict(
                                  query_mma=False, prefetch_pairs=False))),
                              ("bm4_qmma_nopf", dict(block_major=4, _tune=dict(
-                                 query_mma=True, prefetch_pairs=False)))):
+                                 query_mma=True, prefetch_pairs=False))),
+                             # scalar fp8 scales: v_scale in the kernel's partials (and
+                             # then, to avoid spills, no query prefetch: the default
+                             # before run 17), or in the merge without the query prefetch
+                             ("bm4_vkern", dict(block_major=4, _tune=dict(
+                                 v_scale_in_merge=False))),
+                             ("bm4_vmerge_noq", dict(block_major=4, _tune=dict(
+                                 prefetch_query=False)))):
                 if only and name not in only and name != "per_token":
                     continue
 
@@ -1377,7 +1384,7 @@ def block_major_parts(timer, bt, sel, ctx, kv_mode):
     o = torch.empty_like(bt.q)
     for warps in (1, 2):
         t = timer.time_fn(lambda: sparse_attn_merge_kernel[(T, HQ)](
-            part_o, part_lse, o, o.stride(0), o.stride(1), HQ=HQ, S=TOPK, S_PAD=TOPK, D=D,
+            part_o, part_lse, o, part_lse, o.stride(0), o.stride(1), HQ=HQ, S=TOPK, S_PAD=TOPK, D=D,
             D_PAD=D, num_warps=warps))
         res.append(dict(kind="block_major", context=ctx, kv_mode=kv_mode,
                         variant=f"merge_only_w{warps}", us=t,

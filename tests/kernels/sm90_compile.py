@@ -111,12 +111,15 @@ def main():
             # each step's rows loaded during the step before
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True), 4),
-            # ``query_mma`` (the default with scalar fp8 scales): an fp8 block converted
-            # to bf16 once, the MMA in bf16, the pair rows but not the query rows
-            # prefetched
+            # ``query_mma`` (with scalar fp8 scales): an fp8 block converted to bf16
+            # once, the MMA in bf16; the pair rows but not the query rows prefetched
+            # (v_scale in the kernel), or (the default) both, v_scale in the merge
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True, PREFETCH_QUERY=False,
                                                   FP16_MMA=False), 4),
+            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
+                                                  PREFETCH_PAIRS=True, PREFETCH_QUERY=True,
+                                                  FP16_MMA=False, V_SCALE_IN_MERGE=True), 4),
             # K/V loaded again each step (shared memory through the pipeline)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 4),
@@ -194,7 +197,8 @@ def main():
         assert len(cubin) > 0
         done += 1
     cubin = compile_kernel(sparse_attn_merge_kernel, dict(part_o_ptr="*fp32",
-                                                          part_lse_ptr="*fp32", out_ptr="*bf16"),
+                                                          part_lse_ptr="*fp32", out_ptr="*bf16",
+                                                          v_scale_ptr="*fp32"),
                            dict(HQ=16, S=8, S_PAD=8, D=128, D_PAD=128, PDL=True), 4)
     assert len(cubin) > 0
     print("compiled block_topk_select_kernel and sparse_attn_merge_kernel PDL=True", flush=True)

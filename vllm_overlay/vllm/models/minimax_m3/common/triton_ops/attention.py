@@ -364,7 +364,7 @@ def block_sparse_attention(
     )
     if splits > 1 and not fused:
         sparse_attn_merge_kernel[(T, HQ)](
-            part_o, part_lse, out,
+            part_o, part_lse, out, part_lse,
             out.stride(0), out.stride(1),
             HQ=HQ, S=splits, S_PAD=max(2, next_pow2(splits)), D=D, D_PAD=D_PAD, PDL=pdl,
             num_warps=4, **pdl_kw,
@@ -404,6 +404,10 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # it spills (766 / 875 / 866 against 690 / 783 / 776), so not there
     # (ci/results/2026-11-30-block-major-sweep*-h200-run11.json)
     query_mma = fp16_mma and hold_kv and bool(tune.get("query_mma", kernel_mode == 1))
+    # scalar scales: the merge applies v_scale to each output row, not the kernel
+    # to every pair's partial; the step loop then fits the prefetched query rows
+    # without spilling (sm_90 ptxas: 0 bytes, against 104 with the multiply)
+    v_in_merge = kernel_mode == 1 and bool(tune.get("v_scale_in_merge", True))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -430,7 +434,8 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
             # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
             PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or query_mma)),
-            PREFETCH_QUERY=bool(tune.get("prefetch_query", not query_mma)),
+            PREFETCH_QUERY=bool(tune.get("prefetch_query", not query_mma or v_in_merge)),
+            V_SCALE_IN_MERGE=v_in_merge,
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
             # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
@@ -440,9 +445,9 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
         # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4
         sparse_attn_merge_kernel[(n, HQ)](
-            part_o, part_lse, out_s, out.stride(0), out.stride(1),
-            HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
-            num_warps=tune.get("merge_warps", 1),
+            part_o, part_lse, out_s, vs if v_in_merge else part_lse, out.stride(0),
+            out.stride(1), HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
+            V_SCALE=v_in_merge, num_warps=tune.get("merge_warps", 1),
         )
 
 

@@ -29,7 +29,11 @@ loads each step's query rows at the top of the step (fewer live registers:
 with an fp8 cache the prefetched query rows make ptxas spill).
 
 Scale modes (``SCALE_MODE`` constexpr): as ``sparse_attn_fwd`` (0 none, 1
-scalar folded, 2 per token and KV head, 3 scalar unfolded).
+scalar folded, 2 per token and KV head, 3 scalar unfolded).  With
+V_SCALE_IN_MERGE (SCALE_MODE 1) the partials leave v_scale out and the merge
+applies it once per output row: one multiply per token instead of one per
+(pair, step), and one live register fewer in the step loop (with it ptxas
+spills the fp8 kernel's prefetched query rows).
 
 Layouts (element strides):
   q         [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
@@ -93,7 +97,7 @@ def sparse_attn_block_major_kernel(
     SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     HOLD_KV: tl.constexpr = True, PREFETCH_PAIRS: tl.constexpr = False,
-    PREFETCH_QUERY: tl.constexpr = True,
+    PREFETCH_QUERY: tl.constexpr = True, V_SCALE_IN_MERGE: tl.constexpr = False,
 ):
     QUERY_AT_STEP: tl.constexpr = PREFETCH_PAIRS and not PREFETCH_QUERY
     R: tl.constexpr = TM * G_PAD
@@ -197,7 +201,8 @@ def sparse_attn_block_major_kernel(
                     stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,
                     SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, SCALE_MODE, IEEE)
 
-            o = normalized_output(acc, l_i, out_scale, SCALE_MODE)
+            o = normalized_output(acc, l_i, out_scale,
+                                  0 if V_SCALE_IN_MERGE else SCALE_MODE)
             lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)),
                            float("-inf"))
             # part_o [T, HQ, TOPK, D_PAD], part_lse [T, HQ, TOPK]

@@ -5,6 +5,9 @@ One program per (query token, query head).  Layouts:
   part_o   [T, Hq, S, D_PAD] float32 (or float16), each split already normalised
   part_lse [T, Hq, S] float32, log2 of each split's softmax mass (-inf empty)
   out      [T, Hq, D] (output dtype); rows whose splits are all empty get 0.
+  v_scale  [1] float32, read only with V_SCALE: the scalar fp8 v_scale, applied
+           once to each merged fp32 row (``sparse_attn_block_major`` leaves it
+           out of its partials).
 """
 
 from ._triton import tl, tl_cuda, triton
@@ -12,10 +15,11 @@ from ._triton import tl, tl_cuda, triton
 
 @triton.jit
 def sparse_attn_merge_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr,
+    part_o_ptr, part_lse_ptr, out_ptr, v_scale_ptr,
     stride_ot, stride_oh,
     HQ: tl.constexpr, S: tl.constexpr, S_PAD: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
+    V_SCALE: tl.constexpr = False,
 ):
     """Partials and weights are loaded side by side (an empty split's partial
     is loaded too and weighs nothing: ``where``, never a product with what an
@@ -37,5 +41,7 @@ def sparse_attn_merge_kernel(
     w_sum = tl.sum(w, axis=0)
     w = w / tl.where(w_sum > 0.0, w_sum, 1.0)
     res = tl.sum(tl.where(w[:, None] > 0.0, o.to(tl.float32) * w[:, None], 0.0), axis=0)
+    if V_SCALE:
+        res = res * tl.load(v_scale_ptr)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d,
              res.to(out_ptr.dtype.element_ty), mask=offs_d < D)
