@@ -218,11 +218,14 @@ def block_sparse_attention(
         ``prefetch_pairs``: block-major loads each step's pairs and query rows
         during the step before (default: unless the MMA runs in fp16 for an
         fp8 cache); ``prefetch_query``: with ``prefetch_pairs``, the query
-        rows too (default unless ``query_mma``) or only the pair ids, slots
-        and positions;
+        rows too (default unless ``query_mma`` with v_scale in the kernel) or
+        only the pair ids, slots and positions;
         ``query_mma``: with an fp8 cache and bf16 queries,
         block-major converts the held K/V to bf16 once and runs its MMA in
         bf16 (default with scalar scales, else in fp16);
+        ``v_scale_in_merge``: with scalar fp8 scales, block-major's merge
+        applies v_scale to each output row instead of the kernel to every
+        partial (default);
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
