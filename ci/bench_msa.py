@@ -1320,7 +1320,11 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              ("bm4_vkern", dict(block_major=4, _tune=dict(
                                  v_scale_in_merge=False))),
                              ("bm4_vmerge_noq", dict(block_major=4, _tune=dict(
-                                 prefetch_query=False)))):
+                                 prefetch_query=False))),
+                             # per-token-head scales (BLOCK_MAJOR_KV_MODES=2) multiplied
+                             # into the held block once, both prefetches (opt-in)
+                             ("bm4_m2held", dict(block_major=4, _tune=dict(
+                                 scale_held_kv=True)))):
                 if only and name not in only and name != "per_token":
                     continue
 

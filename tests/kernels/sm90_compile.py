@@ -120,6 +120,10 @@ def main():
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True, PREFETCH_QUERY=True,
                                                   FP16_MMA=False, V_SCALE_IN_MERGE=True), 4),
+            # per-token-head scales (mode 2 only) multiplied into the held block once
+            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
+                                                  PREFETCH_PAIRS=True, PREFETCH_QUERY=True,
+                                                  FP16_MMA=False, SCALE_HELD_KV=True), 4),
             # K/V loaded again each step (shared memory through the pipeline)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 4),
@@ -128,6 +132,8 @@ def main():
             (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
         ]
         for kernel, extra, warps in variants:
+            if extra.get("SCALE_HELD_KV") and mode != 2:
+                continue
             # the block-major partials are fp16 for a bf16 model (the split ones fp32)
             kptrs = (dict(ptrs, part_o_ptr="*fp16") if kernel is sparse_attn_block_major_kernel
                      else ptrs)

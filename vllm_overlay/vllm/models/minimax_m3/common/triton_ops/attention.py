@@ -225,7 +225,8 @@ def block_sparse_attention(
         bf16 (default with scalar scales, else in fp16);
         ``v_scale_in_merge``: with scalar fp8 scales, block-major's merge
         applies v_scale to each output row instead of the kernel to every
-        partial (default);
+        partial (default); ``scale_held_kv``: with per-token-head scales,
+        block-major scales its held K/V once (opt-in, not yet timed);
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
@@ -411,6 +412,13 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # to every pair's partial; the step loop then fits the prefetched query rows
     # without spilling (sm_90 ptxas: 0 bytes, against 104 with the multiply)
     v_in_merge = kernel_mode == 1 and bool(tune.get("v_scale_in_merge", True))
+    # per-token-head scales multiplied into the held block once (rounded to the
+    # queries' dtype), the MMA then in that dtype with both prefetches; compiles
+    # without spills for sm_90 (the default, an fp16 MMA scaling every step's score
+    # and probability columns, cannot prefetch), not timed on a GPU yet: opt-in
+    scale_held = (kernel_mode == 2 and hold_kv and sparse_block == BLOCK_N
+                  and bool(tune.get("scale_held_kv", False)))
+    query_mma = query_mma or scale_held
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -437,8 +445,9 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
             # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
             PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or query_mma)),
-            PREFETCH_QUERY=bool(tune.get("prefetch_query", not query_mma or v_in_merge)),
-            V_SCALE_IN_MERGE=v_in_merge,
+            PREFETCH_QUERY=bool(tune.get("prefetch_query",
+                                         not query_mma or v_in_merge or scale_held)),
+            V_SCALE_IN_MERGE=v_in_merge, SCALE_HELD_KV=scale_held,
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
             # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);

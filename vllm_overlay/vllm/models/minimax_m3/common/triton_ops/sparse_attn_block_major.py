@@ -33,7 +33,9 @@ scalar folded, 2 per token and KV head, 3 scalar unfolded).  With
 V_SCALE_IN_MERGE (SCALE_MODE 1) the partials leave v_scale out and the merge
 applies it once per output row: one multiply per token instead of one per
 (pair, step), and one live register fewer in the step loop (with it ptxas
-spills the fp8 kernel's prefetched query rows).
+spills the fp8 kernel's prefetched query rows).  SCALE_HELD_KV (SCALE_MODE 2,
+the block held): the per-token-head scales multiply the held K/V once, rounded
+to the queries' dtype, instead of every step's score and probability columns.
 
 Layouts (element strides):
   q         [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
@@ -98,6 +100,7 @@ def sparse_attn_block_major_kernel(
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     HOLD_KV: tl.constexpr = True, PREFETCH_PAIRS: tl.constexpr = False,
     PREFETCH_QUERY: tl.constexpr = True, V_SCALE_IN_MERGE: tl.constexpr = False,
+    SCALE_HELD_KV: tl.constexpr = False,
 ):
     QUERY_AT_STEP: tl.constexpr = PREFETCH_PAIRS and not PREFETCH_QUERY
     R: tl.constexpr = TM * G_PAD
@@ -148,7 +151,14 @@ def sparse_attn_block_major_kernel(
                 PAGE_SIZE, 2 if SCALE_MODE == 2 else 0)
             # in the MMA's dtype once before the walk, not in every step (fp8 ->
             # fp16 or bf16 is exact)
-            if FP16_MMA:
+            if SCALE_HELD_KV:
+                # per-token-head scales applied to the held block once, rounded to
+                # the queries' dtype (a dequantized cache in that dtype); the steps
+                # then scale no score or probability columns
+                tl.static_assert(SCALE_MODE == 2 and not FP16_MMA)
+                k = (k.to(tl.float32) * ksc[:, None]).to(q_ptr.dtype.element_ty)
+                v = (v.to(tl.float32) * vsc[:, None]).to(q_ptr.dtype.element_ty)
+            elif FP16_MMA:
                 k = k.to(tl.float16)
                 v = v.to(tl.float16)
             elif not IEEE:
@@ -192,7 +202,8 @@ def sparse_attn_block_major_kernel(
                     v_t = v
                 vis = rvalid[:, None] & (kp[None, :] <= pos_r[:, None])
                 m_i, l_i, acc = attend_key_tile(qo, k_t, v_t, vis, m_i, l_i, acc, qk_scale,
-                                                ksc, vsc, SCALE_MODE, IEEE)
+                                                ksc, vsc, 0 if SCALE_HELD_KV else SCALE_MODE,
+                                                IEEE)
             else:
                 pmax = tl.max(tl.where(rvalid, pos_r, -1), axis=0)
                 m_i, l_i, acc = attend_sparse_block(
