@@ -1388,8 +1388,8 @@ def block_major_parts(timer, bt, sel, ctx, kv_mode):
     o = torch.empty_like(bt.q)
     for warps in (1, 2):
         t = timer.time_fn(lambda: sparse_attn_merge_kernel[(T, HQ)](
-            part_o, part_lse, o, part_lse, o.stride(0), o.stride(1), HQ=HQ, S=TOPK, S_PAD=TOPK, D=D,
-            D_PAD=D, num_warps=warps))
+            part_o, part_lse, o, part_lse, o.stride(0), o.stride(1), HQ=HQ, S=TOPK,
+            S_PAD=TOPK, D=D, D_PAD=D, num_warps=warps))
         res.append(dict(kind="block_major", context=ctx, kv_mode=kv_mode,
                         variant=f"merge_only_w{warps}", us=t,
                         gb_s=(part_o.numel() * 2 + part_lse.numel() * 4) / t / 1e3))

@@ -69,12 +69,12 @@ def main():
         nbytes = part_o.numel() * part_o.element_size() + part_lse.numel() * 4
         ref = None
         cases = [("repo_merge_h1_w4", lambda: sparse_attn_merge_kernel[(T, HQ)](
-            part_o, part_lse, out, part_lse, out.stride(0), out.stride(1), HQ=HQ, S=S, S_PAD=S, D=D,
-            D_PAD=D, num_warps=4))]
+            part_o, part_lse, out, part_lse, out.stride(0), out.stride(1), HQ=HQ, S=S,
+            S_PAD=S, D=D, D_PAD=D, num_warps=4))]
         for w in (1, 2):
             cases.append((f"repo_merge_h1_w{w}", lambda w=w: sparse_attn_merge_kernel[(T, HQ)](
-                part_o, part_lse, out, part_lse, out.stride(0), out.stride(1), HQ=HQ, S=S, S_PAD=S, D=D,
-                D_PAD=D, num_warps=w)))
+                part_o, part_lse, out, part_lse, out.stride(0), out.stride(1), HQ=HQ, S=S,
+                S_PAD=S, D=D, D_PAD=D, num_warps=w)))
         for R, w in ((1, 4), (2, 4), (4, 4), (4, 8), (8, 8)):
             cases.append((f"rows{R}_w{w}", lambda R=R, w=w: merge_rows_kernel[
                 (triton.cdiv(T * HQ, R),)](part_o, part_lse, out, T * HQ, S=S, D=D, R=R,

@@ -132,7 +132,9 @@ def main():
             (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
         ]
         for kernel, extra, warps in variants:
-            if extra.get("SCALE_HELD_KV") and mode != 2:
+            # the variants of one scale mode only
+            if (extra.get("SCALE_HELD_KV") and mode != 2
+                    or extra.get("V_SCALE_IN_MERGE") and mode != 1):
                 continue
             # the block-major partials are fp16 for a bf16 model (the split ones fp32)
             kptrs = (dict(ptrs, part_o_ptr="*fp16") if kernel is sparse_attn_block_major_kernel

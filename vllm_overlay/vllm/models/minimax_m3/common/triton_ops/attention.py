@@ -418,7 +418,8 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # and probability columns, cannot prefetch), not timed on a GPU yet: opt-in
     scale_held = (kernel_mode == 2 and hold_kv and sparse_block == BLOCK_N
                   and bool(tune.get("scale_held_kv", False)))
-    query_mma = query_mma or scale_held
+    # either way the held block is in the queries' dtype and so is the MMA
+    mma_in_q_dtype = query_mma or scale_held
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -438,15 +439,15 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             block_table.stride(0),
             HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD,
             TOPK=topk, SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
-            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma and not query_mma,
+            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma and not mma_in_q_dtype,
             HOLD_KV=hold_kv,
             # each step's rows loaded during the step before: H200 run 10, 8192-token
             # chunk, bf16 KV: 607 vs 687 us at 8k, 690 vs 782 at 32k, 692 vs 793 at
             # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
             # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
-            PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or query_mma)),
+            PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or mma_in_q_dtype)),
             PREFETCH_QUERY=bool(tune.get("prefetch_query",
-                                         not query_mma or v_in_merge or scale_held)),
+                                         not mma_in_q_dtype or v_in_merge or scale_held)),
             V_SCALE_IN_MERGE=v_in_merge, SCALE_HELD_KV=scale_held,
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
