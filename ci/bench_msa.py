@@ -52,6 +52,9 @@ REPO = Path(__file__).resolve().parents[1]
 HQ, HKV, D, HIDX, DIDX, B, TOPK = 16, 1, 128, 1, 128, 128, 16
 PAGE = 64
 FP8 = torch.float8_e4m3fn
+# the KV caches timed: bf16, fp8 e4m3 with scalar per-layer scales, and fp8 with
+# per-token-head scales (stored beside the cache)
+KV_KINDS = (("bf16", 0), ("fp8", 1), ("fp8-pth", 2))
 
 
 # ----------------------------------------------------------------------------
@@ -526,7 +529,7 @@ def bench(args):
     dec = []
     for batch in batches:
         for ctx in ctxs:
-            for kv_name, kv_mode in (("bf16", 0), ("fp8", 1)):
+            for kv_name, kv_mode in KV_KINDS:
                 row = dict(batch=batch, context=ctx, kv=kv_name)
                 try:
                     bt = Batch([ctx] * batch, 1, kv_mode, dev, idx_fp8=(kv_mode == 0))
@@ -622,7 +625,9 @@ def bench(args):
                                 bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos, sel, B,
                                 D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales,
                                 out=o_f, fold_scalar_scales=False)))
-                    kv_bytes = 2 * B * D * (2 if kv_mode == 0 else 1) * HKV * min(TOPK, ctx // B)
+                    # K and V rows (and with per-token-head scales their fp32 scales)
+                    row_bytes = 2 * D * (2 if kv_mode == 0 else 1) + (8 if kv_mode == 2 else 0)
+                    kv_bytes = B * row_bytes * HKV * min(TOPK, ctx // B)
                     byt = batch * (ctx * DIDX * 2 + kv_bytes)
                     row["floor_us"] = byt / bw * 1e6
                     if kv_mode == 0:
@@ -652,7 +657,7 @@ def bench(args):
     pre = []
     chunk = 8192
     for ctx in ctxs:
-        for kv_name, kv_mode in (("bf16", 0), ("fp8", 1)):
+        for kv_name, kv_mode in KV_KINDS:
             row = dict(chunk=chunk, context=ctx, kv=kv_name)
             try:
                 bt = Batch([ctx], chunk, kv_mode, dev)
@@ -881,7 +886,10 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
 def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
     """Decode index (blocks per program, pipelining, warps) and attention splits."""
     out = []
-    for batch, ctx in ((1, 8192), (32, 32768), (32, 131072)):
+    # DECODE_SWEEP_SHAPES="32x8192" (batch x context) narrows the sweep
+    shapes = [tuple(int(v) for v in s.split("x"))
+              for s in os.environ.get("DECODE_SWEEP_SHAPES", "1x8192,32x32768,32x131072").split(",")]
+    for batch, ctx in shapes:
         bt = Batch([ctx] * batch, 1, 0, dev)
         sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         o = torch.empty_like(bt.q)
@@ -1047,7 +1055,19 @@ def sweep_decode_attn_warps(timer, dev, index_block_topk, block_sparse_attention
     out = []
     variants = (("default", {}), ("warps4", dict(num_warps=4)), ("warps8", dict(num_warps=8)),
                 ("prefetch", dict(prefetch_rows=True)),
-                ("warps8_prefetch", dict(num_warps=8, prefetch_rows=True)))
+                ("warps8_prefetch", dict(num_warps=8, prefetch_rows=True)),
+                # shared memory per program against programs resident per SM: with
+                # 128-key tiles and 2 stages a program holds 128 KiB of K/V tiles, so
+                # one per SM, and batch 32's 256 programs run in two waves
+                ("stages1", dict(num_stages=1)),
+                ("stages1_warps8", dict(num_stages=1, num_warps=8)),
+                ("bn64_stages2", dict(BLOCK_N=64, num_stages=2)),
+                ("bn64_stages3", dict(BLOCK_N=64, num_stages=3)),
+                ("bn64_stages4", dict(BLOCK_N=64, num_stages=4)),
+                ("splits4_stages3", dict(num_splits=4, num_stages=3)),
+                ("splits16", dict(num_splits=16)),
+                ("splits16_stages1", dict(num_splits=16, num_stages=1)),
+                ("splits16_bn64_stages3", dict(num_splits=16, BLOCK_N=64, num_stages=3)))
     # DECODE_ATTN_WARPS_SHAPES="2x8192,4x8192" (batch x context) and
     # DECODE_ATTN_WARPS_KV_MODES="1" narrow the sweep
     shapes = [tuple(int(v) for v in s.split("x"))
@@ -1068,9 +1088,11 @@ def sweep_decode_attn_warps(timer, dev, index_block_topk, block_sparse_attention
                 o = torch.full_like(bt.q, float("nan"))
 
                 def attn(o=o, tune=tune):
+                    tune = dict(tune)  # the split count is an argument, not a _tune key
                     block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
                                            bt.token_pos, sel, B, D ** -0.5, kv_mode, bt.k_scale,
-                                           bt.v_scale, bt.kv_scales, out=o, _tune=tune)
+                                           bt.v_scale, bt.kv_scales, out=o,
+                                           num_splits=tune.pop("num_splits", None), _tune=tune)
 
                 def chain(attn=attn):
                     index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
@@ -1322,9 +1344,13 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              ("bm4_vmerge_noq", dict(block_major=4, _tune=dict(
                                  prefetch_query=False))),
                              # per-token-head scales (BLOCK_MAJOR_KV_MODES=2) multiplied
-                             # into the held block once, both prefetches (opt-in)
+                             # into the held block once, both prefetches (the default
+                             # since run 19), or at each step in an fp16 MMA without
+                             # prefetch (the default before)
                              ("bm4_m2held", dict(block_major=4, _tune=dict(
-                                 scale_held_kv=True)))):
+                                 scale_held_kv=True))),
+                             ("bm4_m2step", dict(block_major=4, _tune=dict(
+                                 scale_held_kv=False)))):
                 if only and name not in only and name != "per_token":
                     continue
 
@@ -1494,7 +1520,9 @@ def to_markdown(res):
                        f"{_f(e.get('fp8_index_overlap_with_bf16'), 3)}"
                        if 'fp8_index_valid_fraction' in e else "") + ")"
                     if 'error' not in e else " (exception, see JSON)"))
-    L += ["", "## Decode (microseconds)", "",
+    L += ["", "KV: bf16; fp8 = e4m3 with scalar per-layer scales; fp8-pth = e4m3 with "
+          "per-token-head scales (their bytes are in the floor).",
+          "", "## Decode (microseconds)", "",
           "| batch | context | KV | index+top-k | attention | total | floor | total/floor | dense "
           "| index+top-k fp8-idx | floor fp8-idx | fp8-idx overlap "
           "| index+top-k fused select | attention fused merge | total fused "

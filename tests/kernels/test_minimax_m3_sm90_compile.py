@@ -27,11 +27,13 @@ def test_attention_kernels_compile_for_sm90():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     # every variant the script lists compiled (it counts them)
     assert "ok 70 kernels" in res.stdout, res.stdout[-3000:]
-    # the engine's block-major launch with scalar fp8 scales (v_scale applied in the
-    # merge, query rows prefetched) fits its registers: ptxas spills nothing
+    # the engine's block-major launches with fp8 scales fit their registers, ptxas
+    # spills nothing: scalar scales (v_scale applied in the merge, query rows
+    # prefetched) and per-token-head scales (multiplied into the held block once)
     lines = res.stdout.splitlines()
-    hit = [i for i, ln in enumerate(lines)
-           if ln.startswith("compiled sparse_attn_block_major_kernel mode 1")
-           and "'V_SCALE_IN_MERGE': True" in ln]
-    assert len(hit) == 1, res.stdout[-3000:]
-    assert " 0 bytes spill stores" in lines[hit[0] - 1], lines[hit[0] - 1]
+    for mode, switch in ((1, "V_SCALE_IN_MERGE"), (2, "SCALE_HELD_KV")):
+        hit = [i for i, ln in enumerate(lines)
+               if ln.startswith(f"compiled sparse_attn_block_major_kernel mode {mode}")
+               and f"'{switch}': True" in ln]
+        assert len(hit) == 1, (mode, switch, res.stdout[-3000:])
+        assert " 0 bytes spill stores" in lines[hit[0] - 1], (mode, switch, lines[hit[0] - 1])

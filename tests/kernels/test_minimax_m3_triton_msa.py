@@ -518,12 +518,13 @@ def test_block_sparse_attention_block_major(case, shape):
                                                    pairs_per_program=8)),
                                 # fp8 cache, bf16 queries (GPU only): the MMA in bf16
                                 (4 if ON_GPU else 1, n_decode, dict(query_mma=True)),
-                                # per-token-head scales applied to the held block once
-                                (4, n_decode, dict(scale_held_kv=True)),
+                                # per-token-head scales applied at each step in an
+                                # fp16 MMA (the default scales the held block once)
+                                (4, n_decode, dict(scale_held_kv=False)),
                                 # launches of a few tokens' partials (slices of the batch)
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (8 if ON_GPU else 1, batch.T // 2, None)):
-            if tm == 1 or (tune and tune.get("scale_held_kv") and mode != 2):
+            if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
                 continue
             out = torch.full_like(q, float("nan"))
             got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,

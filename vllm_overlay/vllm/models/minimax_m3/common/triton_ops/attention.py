@@ -226,7 +226,8 @@ def block_sparse_attention(
         ``v_scale_in_merge``: with scalar fp8 scales, block-major's merge
         applies v_scale to each output row instead of the kernel to every
         partial (default); ``scale_held_kv``: with per-token-head scales,
-        block-major scales its held K/V once (opt-in, not yet timed);
+        block-major scales its held K/V once (default when the sparse
+        block is one key tile; False: an fp16 MMA scaling each step);
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
@@ -413,11 +414,14 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # without spilling (sm_90 ptxas: 0 bytes, against 104 with the multiply)
     v_in_merge = kernel_mode == 1 and bool(tune.get("v_scale_in_merge", True))
     # per-token-head scales multiplied into the held block once (rounded to the
-    # queries' dtype), the MMA then in that dtype with both prefetches; compiles
-    # without spills for sm_90 (the default, an fp16 MMA scaling every step's score
-    # and probability columns, cannot prefetch), not timed on a GPU yet: opt-in
+    # queries' dtype), the MMA then in that dtype with both prefetches; sm_90 ptxas:
+    # no spills (the fp16 MMA scaling every step's score and probability columns
+    # spills with prefetch, so runs without).  H200 run 19, 8192-token chunk:
+    # 614 / 686 / 687 us at 8k / 32k / 128k context against 692 / 782 / 781 for
+    # the fp16 MMA, and bf16 KV 603 / 685 / 696
+    # (ci/results/2026-11-30-block-major-m2held-sweep-h200-run19.json)
     scale_held = (kernel_mode == 2 and hold_kv and sparse_block == BLOCK_N
-                  and bool(tune.get("scale_held_kv", False)))
+                  and bool(tune.get("scale_held_kv", True)))
     # either way the held block is in the queries' dtype and so is the MMA
     mma_in_q_dtype = query_mma or scale_held
     for s in range(0, T, step):
