@@ -853,7 +853,8 @@ def distinct_per_tile(sel, tm):
 
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
-               "block_major", "decode_profile", "decode_variants", "decode_attn_warps")
+               "block_major", "decode_profile", "decode_variants", "decode_attn_warps",
+               "prefill_attn_profile")
 
 
 def checked_time(timer, run, check=lambda: None):
@@ -876,7 +877,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    pdl=sweep_pdl, l2=sweep_l2, prefill_index_wide=sweep_prefill_index_wide,
                    pdl_fused=sweep_pdl_fused, block_major=sweep_block_major,
                    decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants,
-                   decode_attn_warps=sweep_decode_attn_warps)
+                   decode_attn_warps=sweep_decode_attn_warps,
+                   prefill_attn_profile=sweep_prefill_attn_profile)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -1041,6 +1043,34 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
             out.append(dict(kind="decode_variants", batch=batch, context=ctx, kv_mode=kv_mode,
                             variant=name, same_selection=same_sel, max_diff=diff,
                             us_write_flush=t_w, us_read_flush=t_r))
+            print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attention):
+    """Where block-major prefill attention's time goes (an 8192-token chunk, bf16
+    KV, the index's selections): each kernel's device time (profiler, L2
+    flushed) of the grouping, the block-major kernel and the merge, in one
+    slice (the default) and in slices of 64 MiB of partial outputs."""
+    out = []
+    for ctx in (8192, 32768):
+        bt = Batch([ctx], 8192, 0, dev)
+        sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+        index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
+                         TOPK, out=sel, num_decode_tokens=0)
+        o = torch.empty_like(bt.q)
+        for name, tune in (("default", None), ("pb64", dict(partial_bytes=64 << 20))):
+            def attn(tune=tune):
+                block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                       bt.token_pos, sel, B, D ** -0.5, 0, None, None, None,
+                                       out=o, block_major=4, _tune=tune)
+            try:
+                kt, t = kernel_times(attn, timer, reps=10), timer.time_fn(attn)
+            except Exception as e:  # noqa: BLE001
+                kt, t = repr(e)[:200], None
+            out.append(dict(kind="prefill_attn_profile", context=ctx, variant=name,
+                            kernels=kt, graph_us=t))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
@@ -1350,7 +1380,13 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              ("bm4_m2held", dict(block_major=4, _tune=dict(
                                  scale_held_kv=True))),
                              ("bm4_m2step", dict(block_major=4, _tune=dict(
-                                 scale_held_kv=False)))):
+                                 scale_held_kv=False))),
+                             # the chunk in slices of at most this many MiB of partial
+                             # outputs (default 512: one slice for 8192 tokens x 16
+                             # heads x top-16 in fp16), so each slice's partials may
+                             # still be in L2 (60 MiB) when its merge reads them
+                             *((f"bm4_pb{mib}", dict(block_major=4, _tune=dict(
+                                 partial_bytes=mib << 20))) for mib in (32, 64, 128, 256))):
                 if only and name not in only and name != "per_token":
                     continue
 
