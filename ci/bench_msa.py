@@ -1052,7 +1052,8 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
     """Where block-major prefill attention's time goes (an 8192-token chunk, bf16
     KV, the index's selections): each kernel's device time (profiler, L2
     flushed) of the grouping, the block-major kernel and the merge, in one
-    slice (the default) and in slices of 64 MiB of partial outputs."""
+    slice (the default), in slices of 64 MiB of partial outputs, and with the
+    grouping's counters added once per group and program (``aggregate_ranks``)."""
     out = []
     for ctx in (8192, 32768):
         bt = Batch([ctx], 8192, 0, dev)
@@ -1060,7 +1061,8 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
         index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
                          TOPK, out=sel, num_decode_tokens=0)
         o = torch.empty_like(bt.q)
-        for name, tune in (("default", None), ("pb64", dict(partial_bytes=64 << 20))):
+        for name, tune in (("default", None), ("pb64", dict(partial_bytes=64 << 20)),
+                           ("agg_ranks", dict(aggregate_ranks=True))):
             def attn(tune=tune):
                 block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
                                        bt.token_pos, sel, B, D ** -0.5, 0, None, None, None,
@@ -1386,7 +1388,12 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              # heads x top-16 in fp16), so each slice's partials may
                              # still be in L2 (60 MiB) when its merge reads them
                              *((f"bm4_pb{mib}", dict(block_major=4, _tune=dict(
-                                 partial_bytes=mib << 20))) for mib in (32, 64, 128, 256))):
+                                 partial_bytes=mib << 20))) for mib in (32, 64, 128, 256)),
+                             # the grouping's counters added once per group and
+                             # program (pairs sorted in the program; opt-in, untimed)
+                             # instead of once per pair
+                             ("bm4_agg_ranks", dict(block_major=4, _tune=dict(
+                                 aggregate_ranks=True)))):
                 if only and name not in only and name != "per_token":
                     continue
 

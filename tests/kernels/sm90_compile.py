@@ -150,10 +150,12 @@ def main():
     ptrs = dict(topk_ptr="*i32", req_ptr="*i32", pair_key_ptr="*i32", pair_rank_ptr="*i32",
                 counts_ptr="*i32", group_start_ptr="*i32", pair_tok_ptr="*i32",
                 pair_slot_ptr="*i32")
-    for kernel in (block_major_rank_kernel, block_major_scatter_kernel):
-        cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=1024), 4)
+    for kernel, extra in ((block_major_rank_kernel, dict(AGGREGATE=True)),
+                          (block_major_rank_kernel, dict(AGGREGATE=False)),
+                          (block_major_scatter_kernel, {})):
+        cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=1024, **extra), 4)
         assert len(cubin) > 0
-        print(f"compiled {kernel.fn.__name__} ({len(cubin)} B cubin)", flush=True)
+        print(f"compiled {kernel.fn.__name__} {extra} ({len(cubin)} B cubin)", flush=True)
         done += 1
     # the prefill index at the engine's launch shape (128 rows per tile, 4 warps),
     # bf16 and fp8 index keys, with and without the pages resolved one block ahead

@@ -504,10 +504,11 @@ def test_block_sparse_attention_block_major(case, shape):
     scale = D ** -0.5
     for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
             batch, q, sel, Hkv, D, B, dtype):
-        # programs of a few pairs (groups span several programs); a block of
+        # programs of a few pairs (groups span several programs; the grouping's
+        # counters added once per group and program); a block of
         # several key tiles (walked per step, not loaded once); K/V loaded
         # again each step; rows prefetched; the defaults
-        for tm, start, tune in ((2, 0, dict(pairs_per_program=4)),
+        for tm, start, tune in ((2, 0, dict(pairs_per_program=4, aggregate_ranks=True)),
                                 (4, n_decode, dict(BLOCK_N=16)),
                                 (2, n_decode, dict(hold_kv=False)),
                                 # each step's rows loaded one step ahead
@@ -544,11 +545,15 @@ def test_block_sparse_attention_block_major(case, shape):
                               f"start {start} tune {tune}] {m}")
 
 
-def test_block_major_tiles_cover_every_pair_once():
+@pytest.mark.parametrize("aggregate,group_block", [(True, 1024), (True, 64), (False, 1024),
+                                                   (False, 64)])
+def test_block_major_tiles_cover_every_pair_once(aggregate, group_block):
     """The device-side grouping (a counting sort): every valid (token, slot)
     pair lands exactly once in the segment of its (request, KV head, block)
     group, the per-group program counts add up, and the static program count
-    covers them (no host sync)."""
+    covers them (no host sync); with the counters added once per group and
+    program (``aggregate``) or once per pair, in one program or several (the
+    last one partly past the pairs)."""
     from vllm.models.minimax_m3.common.triton_ops.attention import block_major_tiles
     _seed()
     T, Hkv, topk, R, max_blocks, TM = 37, 2, 5, 3, 9, 4
@@ -559,7 +564,8 @@ def test_block_major_tiles_cover_every_pair_once():
     req[:9] = 1
     pair_tok, pair_slot, start, counts, tile_end, num_tiles = (
         x.cpu() if isinstance(x, torch.Tensor) else x
-        for x in block_major_tiles(req, sel, R, max_blocks, TM))
+        for x in block_major_tiles(req, sel, R, max_blocks, TM, aggregate=aggregate,
+                                   group_block=group_block))
     req, sel = req.cpu(), sel.cpu()
     want = {}
     for t in range(T):

@@ -8,7 +8,13 @@ slots, block -1, belong to none).
 
   block_major_rank_kernel     counts the pairs of each group (``counts[key]``
                               by atomic add) and keeps each pair's rank in its
-                              group: the value the add returned;
+                              group: the value the add returned.  AGGREGATE:
+                              the program first sorts its BLOCK pairs by group
+                              and adds each group's count once (ranks = the
+                              returned base + the rank within the program),
+                              instead of one add per pair: a chunk's pairs
+                              share few groups, whose counters (a few cache
+                              lines) otherwise take every pair's add in turn;
   block_major_scatter_kernel  writes each pair to ``group_start[key] + rank``
                               (``group_start``: exclusive prefix sum of counts).
 
@@ -30,10 +36,21 @@ from ._triton import tl, triton
 
 
 @triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
 def block_major_rank_kernel(
     topk_ptr, req_ptr, pair_key_ptr, pair_rank_ptr, counts_ptr,
     P, stride_tt, stride_th,
     HKV: tl.constexpr, TOPK: tl.constexpr, MAX_BLOCKS, NG, BLOCK: tl.constexpr,
+    AGGREGATE: tl.constexpr,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < P
@@ -45,10 +62,31 @@ def block_major_rank_kernel(
     req = tl.load(req_ptr + t, mask=live, other=0)
     valid = blk >= 0
     key = tl.where(valid, (req * HKV + h) * MAX_BLOCKS + blk, NG)
-    rank = tl.atomic_add(counts_ptr + key, tl.full([BLOCK], 1, tl.int32), mask=valid,
-                         sem="relaxed")
     tl.store(pair_key_ptr + offs, key, mask=live)
-    tl.store(pair_rank_ptr + offs, rank, mask=live & valid)
+    if AGGREGATE:
+        # sort the program's pairs by (group, position): runs of one group
+        i = tl.arange(0, BLOCK)
+        packed = tl.sort(key.to(tl.int64) * BLOCK + i)
+        key_s = (packed // BLOCK).to(tl.int32)
+        src = (packed % BLOCK).to(tl.int32)  # the pair's position in the program
+        prev = tl.gather(key_s, tl.maximum(i - 1, 0), 0)
+        head = (i == 0) | (key_s != prev)
+        run_start = tl.associative_scan(tl.where(head, i, 0), 0, _max_combine)
+        # first head at or after each position; a run ends where the next starts
+        next_head = tl.associative_scan(tl.where(head, i, BLOCK), 0, _min_combine,
+                                        reverse=True)
+        run_end = tl.where(i == BLOCK - 1, BLOCK,
+                           tl.gather(next_head, tl.minimum(i + 1, BLOCK - 1), 0))
+        run_valid = key_s < NG
+        base = tl.atomic_add(counts_ptr + key_s, run_end - i, mask=head & run_valid,
+                             sem="relaxed")
+        rank = tl.gather(base, run_start, 0) + (i - run_start)
+        dst = tl.program_id(0) * BLOCK + src
+        tl.store(pair_rank_ptr + dst, rank, mask=run_valid & (dst < P))
+    else:
+        rank = tl.atomic_add(counts_ptr + key, tl.full([BLOCK], 1, tl.int32), mask=valid,
+                             sem="relaxed")
+        tl.store(pair_rank_ptr + offs, rank, mask=live & valid)
 
 
 @triton.jit
