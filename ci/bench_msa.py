@@ -857,6 +857,12 @@ SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_
                "prefill_attn_profile")
 
 
+def env_shapes(name, default):
+    """(batch, context) pairs from the environment variable ``name``, written
+    "BxC,BxC" (e.g. "32x8192,1x32768"), else from ``default``."""
+    return [tuple(int(v) for v in s.split("x")) for s in os.environ.get(name, default).split(",")]
+
+
 def checked_time(timer, run, check=lambda: None):
     """(check(), median microseconds of ``run``), or (None, the error's repr)
     when either raises: one failing sweep variant does not end the sweep."""
@@ -889,9 +895,7 @@ def sweep_decode(timer, dev, index_block_topk, block_sparse_attention):
     """Decode index (blocks per program, pipelining, warps) and attention splits."""
     out = []
     # DECODE_SWEEP_SHAPES="32x8192" (batch x context) narrows the sweep
-    shapes = [tuple(int(v) for v in s.split("x"))
-              for s in os.environ.get("DECODE_SWEEP_SHAPES", "1x8192,32x32768,32x131072").split(",")]
-    for batch, ctx in shapes:
+    for batch, ctx in env_shapes("DECODE_SWEEP_SHAPES", "1x8192,32x32768,32x131072"):
         bt = Batch([ctx] * batch, 1, 0, dev)
         sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         o = torch.empty_like(bt.q)
@@ -1102,9 +1106,7 @@ def sweep_decode_attn_warps(timer, dev, index_block_topk, block_sparse_attention
                 ("splits16_bn64_stages3", dict(num_splits=16, BLOCK_N=64, num_stages=3)))
     # DECODE_ATTN_WARPS_SHAPES="2x8192,4x8192" (batch x context) and
     # DECODE_ATTN_WARPS_KV_MODES="1" narrow the sweep
-    shapes = [tuple(int(v) for v in s.split("x"))
-              for s in os.environ.get("DECODE_ATTN_WARPS_SHAPES",
-                                      "1x8192,1x32768,32x8192,32x32768").split(",")]
+    shapes = env_shapes("DECODE_ATTN_WARPS_SHAPES", "1x8192,1x32768,32x8192,32x32768")
     kv_modes = [int(m) for m in os.environ.get("DECODE_ATTN_WARPS_KV_MODES", "0,1,2").split(",")]
     names = os.environ.get("DECODE_ATTN_WARPS_VARIANTS")
     if names:

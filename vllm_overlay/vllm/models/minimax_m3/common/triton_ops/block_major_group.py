@@ -81,8 +81,8 @@ def block_major_rank_kernel(
         base = tl.atomic_add(counts_ptr + key_s, run_end - i, mask=head & run_valid,
                              sem="relaxed")
         rank = tl.gather(base, run_start, 0) + (i - run_start)
-        dst = tl.program_id(0) * BLOCK + src
-        tl.store(pair_rank_ptr + dst, rank, mask=run_valid & (dst < P))
+        # pairs past P have no group (key NG), so run_valid also masks them
+        tl.store(pair_rank_ptr + tl.program_id(0) * BLOCK + src, rank, mask=run_valid)
     else:
         rank = tl.atomic_add(counts_ptr + key, tl.full([BLOCK], 1, tl.int32), mask=valid,
                              sem="relaxed")
