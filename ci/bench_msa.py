@@ -854,7 +854,7 @@ def distinct_per_tile(sel, tm):
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
                "block_major", "decode_profile", "decode_variants", "decode_attn_warps",
-               "prefill_attn_profile")
+               "prefill_attn_profile", "index_tiles")
 
 
 def env_shapes(name, default):
@@ -884,7 +884,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    pdl_fused=sweep_pdl_fused, block_major=sweep_block_major,
                    decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants,
                    decode_attn_warps=sweep_decode_attn_warps,
-                   prefill_attn_profile=sweep_prefill_attn_profile)
+                   prefill_attn_profile=sweep_prefill_attn_profile,
+                   index_tiles=sweep_index_tiles)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -1522,6 +1523,45 @@ def sweep_fp8_index(timer, dev, index_block_topk, block_sparse_attention):
             out.append(dict(kind="fp8_index_decode", batch=batch, context=ctx,
                             blocks_per_prog=bpp, tune=tune, ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def sweep_index_tiles(timer, dev, index_block_topk, block_sparse_attention):
+    """Decode index scoring several sparse blocks per key load (``tile_blocks``),
+    bf16 and fp8 index keys, against each kind's default launch; every variant's
+    selection is checked against the default's.  INDEX_TILE_SHAPES narrows it."""
+    out = []
+    variants = {
+        False: ((None, None), (2, dict(tile_blocks=2)), (4, dict(tile_blocks=2)),
+                (4, dict(tile_blocks=2, decode_stages=2)), (8, dict(tile_blocks=4))),
+        True: ((None, None), (4, dict(tile_blocks=2)), (4, dict(tile_blocks=2, decode_stages=3)),
+               (8, dict(tile_blocks=2, decode_stages=3)), (8, dict(tile_blocks=2, decode_stages=2)),
+               (4, dict(tile_blocks=2, decode_stages=2, decode_warps=8)),
+               (8, dict(tile_blocks=4, decode_stages=2)), (16, dict(tile_blocks=4, decode_stages=3)),
+               (8, dict(tile_blocks=4))),
+    }
+    for batch, ctx in env_shapes("INDEX_TILE_SHAPES", "32x131072,32x32768,32x8192,1x8192"):
+        bt = Batch([ctx] * batch, 1, 0, dev, idx_fp8=True)
+        for fp8 in (False, True):
+            keys = dict(idx_k_scales=bt.idx_s) if fp8 else {}
+            k = bt.idx_k8 if fp8 else bt.idx_k
+            ref = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+            sel = torch.empty_like(ref)
+            index_block_topk(bt.idx_q, k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                             out=ref, num_decode_tokens=bt.T, **keys)
+            for bpp, tune in variants[fp8]:
+                def run(bpp=bpp, tune=tune):
+                    return index_block_topk(
+                        bt.idx_q, k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
+                        out=sel, num_decode_tokens=bt.T, blocks_per_prog=bpp, _tune=tune, **keys)
+                def same_as_ref(run=run):
+                    run()
+                    return bool(torch.equal(sel, ref))
+                same, t = checked_time(timer, run, same_as_ref)
+                out.append(dict(kind="index_tiles", batch=batch, context=ctx, fp8_index=fp8,
+                                blocks_per_prog=bpp, tune=tune, ids_equal_default=same, us=t))
+                print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
 

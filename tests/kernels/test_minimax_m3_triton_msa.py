@@ -308,6 +308,11 @@ def test_index_block_topk(case, shape, dtype):
         variants.append(dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=False)))
         # the decode chain with programmatic dependent launch (sm90+)
         variants.append(dict(num_decode_tokens=n_dec, _tune=dict(pdl=True)))
+    if ON_GPU or (dtype == torch.float32 and shape == SHAPES[0]):
+        # decode index scoring two sparse blocks per key load, plain and pipelined
+        variants += [dict(num_decode_tokens=n_dec, blocks_per_prog=2, _tune=dict(tile_blocks=2)),
+                     dict(num_decode_tokens=n_dec, blocks_per_prog=4,
+                          _tune=dict(tile_blocks=2, decode_stages=2))]
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
         # tuning knobs: several blocks per decode program, prefill split over
         # the context with a merge, top-k selection streaming several chunks
@@ -370,7 +375,9 @@ def test_index_block_topk_fp8_index_cache(dtype):
     scores = ref_block_scores(batch, idx_q, idx_k, B, 1, 0, idx_scales=idx_s)
     for nd, tune, bpp in ((batch.T, None, None), (0, None, None), (2, None, None),
                           (2, dict(prefetch_rows=False), None),
-                          (batch.T, dict(decode_stages=3), 4)):  # the b32 launch shape
+                          (batch.T, dict(decode_stages=3), 4),  # the b32 launch shape
+                          (batch.T, dict(tile_blocks=2), 2),
+                          (batch.T, dict(decode_stages=3, tile_blocks=2), 4)):
         out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
@@ -397,6 +404,10 @@ def test_index_block_topk_bad_input():
     with pytest.raises(ValueError, match="local_blocks"):
         index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos,
                          B, topk, local_blocks=topk + 1)
+    for bpp, tile in ((2, 3), (1, 2)):  # not a power of two; not dividing blocks_per_prog
+        with pytest.raises(ValueError, match="tile_blocks"):
+            index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos,
+                             B, topk, blocks_per_prog=bpp, _tune=dict(tile_blocks=tile))
 
 
 # --------------------------------------------------------------------------

@@ -33,6 +33,10 @@ began), then waits for the previous launch (the cache write) to complete
 before it reads any index key or writes anything.
 DEC_STAGES > 0 software-pipelines the walk over a program's blocks (tl.range
 num_stages; a tuning knob for BLOCKS_PER_PROG > 1), 0 is a plain loop.
+TILE_BLOCKS > 1 scores that many consecutive sparse blocks per step with one
+[TILE_BLOCKS * SPARSE_BLOCK, D] key load and one dot (needs BLOCK_N ==
+SPARSE_BLOCK and BLOCKS_PER_PROG a multiple of TILE_BLOCKS): more bytes in
+flight per program between two waits, for fp8 keys (16 KiB per 128-token block).
 """
 
 from ._paged import fp16_dot_operand, paged_row_offsets
@@ -70,6 +74,35 @@ def _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d,
 
 
 @triton.jit
+def _score_block_tile(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_d, dmask, hmask,
+                      H_PAD: tl.constexpr, stride_kp, stride_ks, stride_sp, stride_ss,
+                      SPARSE_BLOCK: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+                      PAGE_SIZE: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+                      K_SCALED: tl.constexpr, IEEE: tl.constexpr):
+    """Max scores of sparse blocks ``b .. b + TILE_BLOCKS - 1`` for every index
+    head -> out_row[h, blk] for the blocks up to ``own``, from one key load."""
+    kp = b * SPARSE_BLOCK + tl.arange(0, TILE_BLOCKS * SPARSE_BLOCK)
+    kmask = kp <= pos
+    row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
+    k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
+                mask=kmask[:, None] & dmask[None, :], other=0.0)
+    if IEEE:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    if K_SCALED:
+        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+        ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
+        s = s * ksc[None, :]
+    s = tl.where(kmask[None, :], s, float("-inf"))
+    bmax = tl.max(tl.reshape(s, [H_PAD, TILE_BLOCKS, SPARSE_BLOCK]), axis=2)
+    blk = b + tl.arange(0, TILE_BLOCKS)
+    forced = (blk > own - LOCAL) | (blk < INIT)
+    bmax = tl.where(forced[None, :], float("inf"), bmax)
+    tl.store(out_row[:, None] + blk[None, :], bmax, mask=hmask[:, None] & (blk <= own)[None, :])
+
+
+@triton.jit
 def index_block_max_decode_kernel(
     q_ptr, k_ptr, ks_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr,
     sel_ptr, cnt_ptr,
@@ -88,7 +121,7 @@ def index_block_max_decode_kernel(
     K_SCALED: tl.constexpr, IEEE: tl.constexpr,
     FUSED_SELECT: tl.constexpr = False, TOPK: tl.constexpr = 1,
     TOPK_PAD: tl.constexpr = 1, CHUNK: tl.constexpr = 16, SINGLE_CHUNK: tl.constexpr = True,
-    DEC_STAGES: tl.constexpr = 0, PDL: tl.constexpr = False,
+    DEC_STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, TILE_BLOCKS: tl.constexpr = 1,
 ):
     if PDL:
         tl_cuda.gdc_launch_dependents()
@@ -114,7 +147,17 @@ def index_block_max_decode_kernel(
     if PDL:
         tl_cuda.gdc_wait()  # the cache write before this launch is complete
 
-    if DEC_STAGES > 0:  # software-pipelined walk over this program's blocks
+    if TILE_BLOCKS > 1 and DEC_STAGES > 0:  # TILE_BLOCKS blocks per key load
+        for i in tl.range(0, nb, TILE_BLOCKS, num_stages=DEC_STAGES):
+            _score_block_tile(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_d,
+                              dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
+                              SPARSE_BLOCK, TILE_BLOCKS, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
+    elif TILE_BLOCKS > 1:
+        for i in range(0, nb, TILE_BLOCKS):
+            _score_block_tile(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_d,
+                              dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
+                              SPARSE_BLOCK, TILE_BLOCKS, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
+    elif DEC_STAGES > 0:  # software-pipelined walk over this program's blocks
         for i in tl.range(0, nb, num_stages=DEC_STAGES):
             _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
                          dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,

@@ -123,7 +123,7 @@ def index_block_topk(
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
         num_warps, num_stages, prefetch_rows, skip_full_mask; decode decode_stages,
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
-        decode_warps, rank_select).
+        decode_warps, rank_select, tile_blocks (sparse blocks per key load)).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
@@ -173,6 +173,12 @@ def index_block_topk(
                 bpp, dec_stages = 4, 3
         else:
             bpp = int(blocks_per_prog)
+        tile_blocks = int(tune.get("tile_blocks", 1))
+        if tile_blocks > 1 and (tile_blocks & (tile_blocks - 1) or BLOCK_N != sparse_block
+                                or bpp % tile_blocks):
+            raise ValueError(f"tile_blocks ({tile_blocks}) must be a power of two dividing "
+                             f"blocks_per_prog ({bpp}), with sparse_block ({sparse_block}) "
+                             f"at most 128 and a power of two")
         H_PAD = max(16, next_pow2(H))
         pdl = use_pdl(device, tune, nd)
         pdl_kw = {"launch_pdl": True} if pdl else {}
@@ -197,7 +203,7 @@ def index_block_topk(
             K_SCALED=k_scaled, IEEE=ieee,
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
-            DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl,
+            DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl, TILE_BLOCKS=tile_blocks,
             num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
         # top-k by rank in one pass instead of TOPK arg-max rounds, for rows of at
