@@ -1058,7 +1058,8 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
     KV, the index's selections): each kernel's device time (profiler, L2
     flushed) of the grouping, the block-major kernel and the merge, in one
     slice (the default), in slices of 64 MiB of partial outputs, and with the
-    grouping's counters added once per group and program (``aggregate_ranks``)."""
+    grouping's counters added once per pair (``aggregate_ranks`` off; the
+    default adds once per group and program)."""
     out = []
     for ctx in (8192, 32768):
         bt = Batch([ctx], 8192, 0, dev)
@@ -1067,7 +1068,7 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
                          TOPK, out=sel, num_decode_tokens=0)
         o = torch.empty_like(bt.q)
         for name, tune in (("default", None), ("pb64", dict(partial_bytes=64 << 20)),
-                           ("agg_ranks", dict(aggregate_ranks=True))):
+                           ("per_pair_ranks", dict(aggregate_ranks=False))):
             def attn(tune=tune):
                 block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
                                        bt.token_pos, sel, B, D ** -0.5, 0, None, None, None,
@@ -1392,11 +1393,11 @@ def sweep_block_major(timer, dev, index_block_topk, block_sparse_attention):
                              # still be in L2 (60 MiB) when its merge reads them
                              *((f"bm4_pb{mib}", dict(block_major=4, _tune=dict(
                                  partial_bytes=mib << 20))) for mib in (32, 64, 128, 256)),
-                             # the grouping's counters added once per group and
-                             # program (pairs sorted in the program; opt-in, untimed)
-                             # instead of once per pair
-                             ("bm4_agg_ranks", dict(block_major=4, _tune=dict(
-                                 aggregate_ranks=True)))):
+                             # the grouping's counters added once per pair instead
+                             # of once per group and program (the default, whose
+                             # programs sort their pairs by group)
+                             ("bm4_per_pair_ranks", dict(block_major=4, _tune=dict(
+                                 aggregate_ranks=False)))):
                 if only and name not in only and name != "per_token":
                     continue
 
@@ -1539,7 +1540,9 @@ def sweep_index_tiles(timer, dev, index_block_topk, block_sparse_attention):
                (8, dict(tile_blocks=2, decode_stages=3)), (8, dict(tile_blocks=2, decode_stages=2)),
                (4, dict(tile_blocks=2, decode_stages=2, decode_warps=8)),
                (8, dict(tile_blocks=4, decode_stages=2)), (16, dict(tile_blocks=4, decode_stages=3)),
-               (8, dict(tile_blocks=4))),
+               (8, dict(tile_blocks=4)), (16, dict(tile_blocks=2, decode_stages=2)),
+               (16, dict(tile_blocks=2, decode_stages=3)), (8, dict(tile_blocks=2, decode_stages=4)),
+               (8, dict(tile_blocks=2, decode_stages=2, decode_warps=2))),
     }
     for batch, ctx in env_shapes("INDEX_TILE_SHAPES", "32x131072,32x32768,32x8192,1x8192"):
         bt = Batch([ctx] * batch, 1, 0, dev, idx_fp8=True)

@@ -189,6 +189,14 @@ def main():
             print(f"compiled index_block_max_decode_kernel keys {k_dtype} PDL={pdl} "
                   f"({len(cubin)} B cubin)", flush=True)
             done += 1
+    # fp8 index keys at batch-32 sizes: 8 blocks per program, two per key load, pipelined
+    cubin = compile_kernel(index_block_max_decode_kernel, dict(ptrs, k_ptr="*fp8e4nv"),
+                           dict(shape, K_SCALED=True, BLOCKS_PER_PROG=8, TILE_BLOCKS=2,
+                                DEC_STAGES=2), 4)
+    assert len(cubin) > 0
+    print(f"compiled index_block_max_decode_kernel fp8 keys TILE_BLOCKS=2 ({len(cubin)} B cubin)",
+          flush=True)
+    done += 1
     # the rest of the decode chain with programmatic dependent launch
     cubin = compile_kernel(block_topk_select_kernel, dict(vals_ptr="*fp32", ids_ptr="*fp32",
                                                           pos_ptr="*i32", out_ptr="*i32"),

@@ -121,7 +121,7 @@ def default_prefill_layout(num_prefill_tokens: int, max_context: int, sparse_blo
 
 
 def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
-                      max_blocks: int, pairs_per_tile: int, aggregate: bool = False,
+                      max_blocks: int, pairs_per_tile: int, aggregate: bool = True,
                       group_block: int = GROUP_BLOCK):
     """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
     (request, KV head, block) on the device, without host syncs
@@ -132,9 +132,10 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     prefix sum of ``cdiv(count, pairs_per_tile)``), and ``num_tiles``, a
     static upper bound of the programs needed.  ``aggregate``: each program of
     ``group_block`` pairs sorts them and adds once per group to the counters,
-    not once per pair (H200 run 22: the per-pair adds take 24 us at 8k context
-    and 37 at 32k for an 8192-token chunk; the sorted form is not timed yet, so
-    it is opt-in)."""
+    not once per pair (H200 run 23, an 8192-token chunk: the grouping's rank
+    kernel 14.3 vs 24.4 us at 8k context, 14.8 vs 36.7 at 32k; block-major
+    attention 590 vs 604 us at 8k, 666 vs 690 at 32k, 694 vs 702 at 128k;
+    ci/results/2026-12-01-index-tiles-agg-ranks-sweep-h200-run23.json)."""
     T, HKV, TOPK = topk_blocks.shape
     dev = topk_blocks.device
     P = T * HKV * TOPK
@@ -236,8 +237,8 @@ def block_sparse_attention(
         block is one key tile; False: an fp16 MMA scaling each step);
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``aggregate_ranks``: block-major's
-        grouping adds to its counters once per group and program (opt-in,
-        see ``block_major_tiles``); ``prefetch_rows``: the per-token kernel resolves the next
+        grouping adds to its counters once per group and program (default;
+        False: once per pair; see ``block_major_tiles``); ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
         until the H200 says it pays; ``pdl``: programmatic dependent launch of
         the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL).
@@ -438,7 +439,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         n = q_s.shape[0]
         pair_tok, pair_slot, group_start, counts, tile_end, num_tiles = block_major_tiles(
             req_s, topk_blocks[s:s + step], block_table.shape[0], max_blocks, chunk,
-            aggregate=bool(tune.get("aggregate_ranks", False)))
+            aggregate=bool(tune.get("aggregate_ranks", True)))
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)

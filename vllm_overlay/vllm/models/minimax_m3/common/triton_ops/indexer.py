@@ -159,21 +159,28 @@ def index_block_topk(
 
     if nd > 0:
         dec_stages = 0  # plain loop over a program's blocks
+        tile_blocks = 1  # sparse blocks per key load
         if blocks_per_prog is None:
             # enough programs to fill the GPU at batch 1, few at large batch
             # measured on H200 (ci/bench_msa.py --sweep): 1 block per program
             # up to ~8k blocks in flight, 2 beyond (b32 x 128k: 255 vs 275 us
             # with 16); more blocks per program only lengthens the tail
             bpp = 2 if nd * max_blocks >= 16384 else 1
-            if k_scaled and not ieee and nd * max_blocks >= 2048:
-                # fp8 index keys: half the bytes per block, the same chain of
-                # dependent loads; 4 blocks per program with a 3-stage
-                # pipelined walk (H200, b32: 162 vs 196 us at 128k, 57 vs 62
-                # at 32k, 23 vs 26 at 8k; ci/results/*-fp8-index-sweep-*)
+            if k_scaled and not ieee and nd * max_blocks >= 8192 and BLOCK_N == sparse_block:
+                # fp8 index keys, 16 KiB per 128-token block: 8 blocks per
+                # program, two per key load (32 KiB, as one bf16 block), a
+                # 2-stage pipelined walk (H200 run 23, index + top-k: b32 128k
+                # 151.5 vs 161.4 us, 32k 54.0 vs 56.6; at 8k it loses, 22.9 vs
+                # 21.5; ci/results/2026-12-01-index-tiles-agg-ranks-sweep-h200-run23.json)
+                bpp, dec_stages, tile_blocks = 8, 2, 2
+            elif k_scaled and not ieee and nd * max_blocks >= 2048:
+                # 4 blocks per program with a 3-stage pipelined walk (H200, b32:
+                # 162 vs 196 us at 128k, 57 vs 62 at 32k, 23 vs 26 at 8k;
+                # ci/results/*-fp8-index-sweep-*)
                 bpp, dec_stages = 4, 3
         else:
             bpp = int(blocks_per_prog)
-        tile_blocks = int(tune.get("tile_blocks", 1))
+        tile_blocks = int(tune.get("tile_blocks", tile_blocks))
         if tile_blocks > 1 and (tile_blocks & (tile_blocks - 1) or BLOCK_N != sparse_block
                                 or bpp % tile_blocks):
             raise ValueError(f"tile_blocks ({tile_blocks}) must be a power of two dividing "
