@@ -413,6 +413,66 @@ def flush_probe(timer, dev, bw, sizes_mib=(8, 32, 64, 256)):
     return res
 
 
+def sweep_read_ceiling(timer, dev, index_block_topk, block_sparse_attention):
+    """What reading a decode step's bytes costs at best, in the table's own
+    timing (graph replay, L2 flushed before each replay): plain read kernels
+    (Triton, 16-byte loads, several bytes per program and warps; torch's sum)
+    over buffers of READ_CEILING_MIB sizes, both flushes, and the best ones
+    chained as two dependent launches (index keys, then the selected K/V:
+    b32 x 8k is 64 + 32 MiB, b32 x 32k 256 + 32 MiB).  Any kernel that reads
+    these bytes in that order takes at least about the chained minimum."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read_once(x_ptr, out_ptr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+        pid = tl.program_id(0)
+        base = x_ptr + pid.to(tl.int64) * BLOCK * STEPS
+        acc = tl.zeros([BLOCK], tl.float32)
+        for i in tl.static_range(STEPS):
+            acc += tl.load(base + i * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
+        tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+    # (name, bf16 elements per load, loads per program, warps)
+    configs = (("16k_w4", 8192, 1, 4), ("32k_w4", 8192, 2, 4), ("32k_w8", 16384, 1, 8),
+               ("64k_w4", 8192, 4, 4), ("64k_w8", 4096, 8, 8), ("64k_w8b", 16384, 2, 8),
+               ("128k_w8", 16384, 4, 8), ("256k_w8", 16384, 8, 8))
+    out, best = [], {}
+    sizes = [int(v) for v in os.environ.get("READ_CEILING_MIB", "32,64,96,256").split(",")]
+    for mib in sizes:
+        x = torch.randn((mib << 20) // 2, device=dev).to(torch.bfloat16)
+        runs = {"torch_sum": lambda x=x: torch.sum(x, dtype=torch.float32)}
+        for name, block, steps, warps in configs:
+            progs = x.numel() // (block * steps)
+            part = torch.empty(progs * block, device=dev)
+            runs[name] = (lambda x=x, part=part, progs=progs, block=block, steps=steps,
+                          warps=warps: _read_once[(progs,)](x, part, BLOCK=block, STEPS=steps,
+                                                            num_warps=warps))
+        for name, fn in runs.items():
+            g = timer.graph(fn)
+            row = dict(kind="read_ceiling", mib=mib, config=name,
+                       write_flush_us=timer.time_graph(g, "write"),
+                       read_flush_us=timer.time_graph(g, "read"))
+            out.append(row)
+            for fl in ("write", "read"):
+                key = (mib, fl)
+                if key not in best or row[f"{fl}_flush_us"] < best[key][1]:
+                    best[key] = (name, row[f"{fl}_flush_us"], fn)
+            print(f"[sweep] {row}", flush=True)
+    for first, second in ((64, 32), (256, 32)):
+        if (first, "write") not in best or (second, "write") not in best:
+            continue
+        row = dict(kind="read_ceiling_chain", first_mib=first, second_mib=second)
+        for fl in ("write", "read"):
+            f1, f2 = best[(first, fl)][2], best[(second, fl)][2]
+            g = timer.graph(lambda f1=f1, f2=f2: (f1(), f2()))
+            row[f"{fl}_flush_us"] = timer.time_graph(g, fl)
+            row[f"{fl}_configs"] = (best[(first, fl)][0], best[(second, fl)][0])
+        out.append(row)
+        print(f"[sweep] {row}", flush=True)
+    return out
+
+
 def copy_bandwidth(dev):
     n = 2 * 1024 ** 3
     src = torch.empty(n, dtype=torch.int8, device=dev)
@@ -854,7 +914,7 @@ def distinct_per_tile(sel, tm):
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
                "block_major", "decode_profile", "decode_variants", "decode_attn_warps",
-               "prefill_attn_profile", "index_tiles")
+               "prefill_attn_profile", "index_tiles", "read_ceiling")
 
 
 def env_shapes(name, default):
@@ -885,7 +945,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants,
                    decode_attn_warps=sweep_decode_attn_warps,
                    prefill_attn_profile=sweep_prefill_attn_profile,
-                   index_tiles=sweep_index_tiles)
+                   index_tiles=sweep_index_tiles, read_ceiling=sweep_read_ceiling)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
