@@ -1073,23 +1073,31 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
     out = []
     # (run 11 also timed the fused merge reading its partials with L2 instead of
     # volatile loads: no faster, removed)
-    variants = (("default", {}, {}, False),
-                ("rank", dict(rank_select=True), {}, False),
-                ("argmax", dict(rank_select=False), {}, False),
-                ("fused_merge", {}, {}, True))
-    for batch, ctx, kv_mode in ((1, 8192, 0), (1, 32768, 0), (32, 8192, 0), (32, 8192, 1),
-                                (32, 32768, 0)):
+    # (name, index _tune, attention _tune, fused merge, fused select)
+    variants = (("default", {}, {}, False, False),
+                ("rank", dict(rank_select=True), {}, False, False),
+                ("argmax", dict(rank_select=False), {}, False, False),
+                ("fused_merge", {}, {}, True, False),
+                ("pdl", dict(pdl=True), dict(pdl=True), False, False),
+                # the last scoring program selects (by rank for rows of <= 64 blocks)
+                ("fused_select", {}, {}, False, True),
+                ("fused_select_argmax", dict(rank_select=False), {}, False, True),
+                ("fused_select_pdl", dict(pdl=True), dict(pdl=True), False, True))
+    shapes = ((1, 8192, 0), (1, 32768, 0), (32, 8192, 0), (32, 8192, 1), (32, 32768, 0))
+    if os.environ.get("DECODE_VARIANTS_SHAPES"):  # "BxC,..." with bf16 KV
+        shapes = tuple((b, c, 0) for b, c in env_shapes("DECODE_VARIANTS_SHAPES", ""))
+    for batch, ctx, kv_mode in shapes:
         bt = Batch([ctx] * batch, 1, kv_mode, dev)
         ref_sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         ref_o = torch.empty_like(bt.q)
-        for name, itune, atune, fused in variants:
+        for name, itune, atune, fused, fused_sel in variants:
             sel = torch.full_like(ref_sel, -7)
             o = torch.full_like(ref_o, float("nan"))
 
-            def chain(sel=sel, o=o, itune=itune, atune=atune, fused=fused):
+            def chain(sel=sel, o=o, itune=itune, atune=atune, fused=fused, fused_sel=fused_sel):
                 index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                  bt.token_pos, B, TOPK, out=sel, num_decode_tokens=bt.T,
-                                 _tune=itune)
+                                 fused_select=fused_sel, _tune=itune)
                 block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos,
                                        sel, B, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None,
                                        out=o, fused_merge=fused, _tune=atune)

@@ -189,6 +189,14 @@ def main():
             print(f"compiled index_block_max_decode_kernel keys {k_dtype} PDL={pdl} "
                   f"({len(cubin)} B cubin)", flush=True)
             done += 1
+    # the fused select (the last scoring program ranks its token's row of 64 blocks)
+    cubin = compile_kernel(index_block_max_decode_kernel, dict(ptrs, k_ptr="*bf16"),
+                           dict(shape, K_SCALED=False, FUSED_SELECT=True, CHUNK=64,
+                                RANK=True, RANK_COLS=64, PDL=True), 4)
+    assert len(cubin) > 0
+    print(f"compiled index_block_max_decode_kernel FUSED_SELECT RANK ({len(cubin)} B cubin)",
+          flush=True)
+    done += 1
     # fp8 index keys at batch-32 sizes: 8 blocks per program, two per key load, pipelined
     cubin = compile_kernel(index_block_max_decode_kernel, dict(ptrs, k_ptr="*fp8e4nv"),
                            dict(shape, K_SCALED=True, BLOCKS_PER_PROG=8, TILE_BLOCKS=2,

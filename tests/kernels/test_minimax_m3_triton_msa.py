@@ -298,6 +298,8 @@ def test_index_block_topk(case, shape, dtype):
     # backend's split), all-prefill, the default, and all-decode where cheap
     variants = [dict(num_decode_tokens=n_dec), dict(num_decode_tokens=0), dict(),
                 dict(num_decode_tokens=n_dec, fused_select=True),
+                # ... its top-k by arg-max rounds (short rows default to ranks)
+                dict(num_decode_tokens=n_dec, fused_select=True, _tune=dict(rank_select=False)),
                 # the decode top-k by arg-max rounds (short rows default to ranks)
                 dict(num_decode_tokens=n_dec, _tune=dict(rank_select=False))]
     if ON_GPU or batch.T <= 12:

@@ -193,6 +193,16 @@ def index_block_topk(
         grid = (cdiv(max_blocks, bpp), nd)
         chunk = select_chunk or min(next_pow2(max_blocks), 2048)
         counters = arrival_counters(device, "index_select", nd) if fused_select else scores
+        # top-k by rank in one pass instead of TOPK arg-max rounds, for rows of at
+        # most 64 blocks (8k context at 128-token blocks): H200 run 11, the decode
+        # chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1 vs 44.8; at 256 blocks
+        # (32k) it is 4x slower (86 vs 20 us at 1 x 32k), so not there
+        # (ci/results/2026-11-30-decode-variants-h200-run11.json); the rank pass as a
+        # runtime loop over transposed tiles was slower still (run 12: 30.7 vs 20.8 us
+        # at 1 x 32k, 106 vs 30 at 1 x 128k; *-decode-variants-h200-run12.json), removed;
+        # the same rule for the fused select (its last scoring program ranks the row)
+        rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
+        rank_cols = min(chunk, max(16, 4096 // chunk))
         index_block_max_decode_kernel[grid](
             idx_q, idx_k_cache, ks, block_table, token_req, token_pos, scores,
             out, counters,
@@ -211,16 +221,9 @@ def index_block_topk(
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
             DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl, TILE_BLOCKS=tile_blocks,
+            RANK=rank, RANK_COLS=rank_cols,
             num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
-        # top-k by rank in one pass instead of TOPK arg-max rounds, for rows of at
-        # most 64 blocks (8k context at 128-token blocks): H200 run 11, the decode
-        # chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1 vs 44.8; at 256 blocks
-        # (32k) it is 4x slower (86 vs 20 us at 1 x 32k), so not there
-        # (ci/results/2026-11-30-decode-variants-h200-run11.json); the rank pass as a
-        # runtime loop over transposed tiles was slower still (run 12: 30.7 vs 20.8 us
-        # at 1 x 32k, 106 vs 30 at 1 x 128k; *-decode-variants-h200-run12.json), removed
-        rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
                 scores, scores, token_pos, out,
@@ -230,7 +233,7 @@ def index_block_topk(
                 TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
                 SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
                 SINGLE_CHUNK=max_blocks <= chunk, PDL=pdl,
-                RANK=rank, RANK_COLS=min(chunk, max(16, 4096 // chunk)),
+                RANK=rank, RANK_COLS=rank_cols,
                 num_warps=_select_warps(chunk), **pdl_kw,
             )
 
