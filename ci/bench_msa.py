@@ -1073,16 +1073,19 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
     out = []
     # (run 11 also timed the fused merge reading its partials with L2 instead of
     # volatile loads: no faster, removed)
-    # (name, index _tune, attention _tune, fused merge, fused select)
-    variants = (("default", {}, {}, False, False),
-                ("rank", dict(rank_select=True), {}, False, False),
-                ("argmax", dict(rank_select=False), {}, False, False),
-                ("fused_merge", {}, {}, True, False),
-                ("pdl", dict(pdl=True), dict(pdl=True), False, False),
-                # the last scoring program selects (by rank for rows of <= 64 blocks)
-                ("fused_select", {}, {}, False, True),
-                ("fused_select_argmax", dict(rank_select=False), {}, False, True),
-                ("fused_select_pdl", dict(pdl=True), dict(pdl=True), False, True))
+    # (name, index _tune, attention _tune, fused merge, select: "kernel" (a launch),
+    # "fused" (the last scoring program), "attention" (every attention program
+    # ranks its token's block scores; rows of <= 64 blocks))
+    variants = (("default", {}, {}, False, "kernel"),
+                ("rank", dict(rank_select=True), {}, False, "kernel"),
+                ("argmax", dict(rank_select=False), {}, False, "kernel"),
+                ("fused_merge", {}, {}, True, "kernel"),
+                ("pdl", dict(pdl=True), dict(pdl=True), False, "kernel"),
+                ("fused_select", {}, {}, False, "fused"),
+                ("fused_select_argmax", dict(rank_select=False), {}, False, "fused"),
+                ("fused_select_pdl", dict(pdl=True), dict(pdl=True), False, "fused"),
+                ("select_in_attention", {}, {}, False, "attention"),
+                ("select_in_attention_pdl", dict(pdl=True), dict(pdl=True), False, "attention"))
     shapes = ((1, 8192, 0), (1, 32768, 0), (32, 8192, 0), (32, 8192, 1), (32, 32768, 0))
     if os.environ.get("DECODE_VARIANTS_SHAPES"):  # "BxC,..." with bf16 KV
         shapes = tuple((b, c, 0) for b, c in env_shapes("DECODE_VARIANTS_SHAPES", ""))
@@ -1090,24 +1093,30 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
         bt = Batch([ctx] * batch, 1, kv_mode, dev)
         ref_sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         ref_o = torch.empty_like(bt.q)
-        for name, itune, atune, fused, fused_sel in variants:
+        for name, itune, atune, fused, select in variants:
+            if select == "attention" and ctx > 64 * B:
+                continue  # rows of more than 64 blocks go through the top-k ids
             sel = torch.full_like(ref_sel, -7)
             o = torch.full_like(ref_o, float("nan"))
 
-            def chain(sel=sel, o=o, itune=itune, atune=atune, fused=fused, fused_sel=fused_sel):
-                index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
-                                 bt.token_pos, B, TOPK, out=sel, num_decode_tokens=bt.T,
-                                 fused_select=fused_sel, _tune=itune)
+            def chain(sel=sel, o=o, itune=itune, atune=atune, fused=fused, select=select):
+                ids = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                       bt.token_pos, B, TOPK, out=sel, num_decode_tokens=bt.T,
+                                       fused_select=select == "fused",
+                                       return_scores=select == "attention", _tune=itune)
                 block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos,
-                                       sel, B, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None,
-                                       out=o, fused_merge=fused, _tune=atune)
+                                       ids, B, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None,
+                                       out=o, fused_merge=fused,
+                                       select_topk=TOPK if select == "attention" else 0,
+                                       _tune=atune)
             try:
                 chain()
                 torch.cuda.synchronize()
                 if name == "default":
                     ref_sel.copy_(sel)
                     ref_o.copy_(o)
-                same_sel = bool(torch.equal(sel.sort(-1).values, ref_sel.sort(-1).values))
+                same_sel = (None if select == "attention"  # (no ids written)
+                            else bool(torch.equal(sel.sort(-1).values, ref_sel.sort(-1).values)))
                 diff = float((o.float() - ref_o.float()).abs().max())
                 g = timer.graph(chain)
                 t_w, t_r = timer.time_graph(g, "write"), timer.time_graph(g, "read")

@@ -146,6 +146,19 @@ def main():
             print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
                   flush=True)
             done += 1
+    # the decode attention that ranks its token's block scores itself (select_topk),
+    # 64 blocks (8k context), 8 splits, PDL
+    ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32",
+                topk_ptr="*fp32", out_ptr="*bf16", part_o_ptr="*fp32", part_lse_ptr="*fp32",
+                k_scale_ptr="*fp32", v_scale_ptr="*fp32", kvs_ptr="*fp32", cnt_ptr="*i32")
+    cubin = compile_kernel(sparse_attn_fwd_kernel, ptrs,
+                           dict(G=16, G_PAD=16, D=128, D_PAD=128, SPARSE_BLOCK=128, BLOCK_N=128,
+                                PAGE_SIZE=64, SCALE_MODE=0, IEEE=False, FP16_MMA=False,
+                                TOPK=16, SLOTS=2, NUM_SPLITS=8, S_PAD=8, PDL=True,
+                                SELECT_RANK=True, SELECT_NB=64, NB_PAD=64, RANK_COLS=64), 4)
+    assert len(cubin) > 0
+    print(f"compiled sparse_attn_fwd_kernel SELECT_RANK ({len(cubin)} B cubin)", flush=True)
+    done += 1
     # the block-major grouping (a counting sort of the chunk's (token, slot) pairs)
     ptrs = dict(topk_ptr="*i32", req_ptr="*i32", pair_key_ptr="*i32", pair_rank_ptr="*i32",
                 counts_ptr="*i32", group_start_ptr="*i32", pair_tok_ptr="*i32",

@@ -460,6 +460,53 @@ def test_block_sparse_attention(case, shape, dtype):
 SCALE_MODES = ((0, True), (1, True), (1, False), (2, True))
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_decode_attention_selects_from_block_scores(shape):
+    """``index_block_topk(..., return_scores=True)`` + ``block_sparse_attention(...,
+    select_topk=k)`` (each attention program ranks its token's block scores)
+    gives the two-launch chain's output exactly: the same slots in the same
+    order, every split count; a row of fewer visible blocks than k, a context
+    inside one block, rows ending on a block boundary."""
+    seed = _seed()
+    Hq, Hkv, D, Didx, B, page, topk = shape
+    dtype = DTYPES[0]
+    reqs = [(B // 3, 1), (3 * B - 1, 1), (B + 4, 1), (9 * B + 6, 1), (4 * B, 1)]
+    if ON_GPU:  # up to the longest row the attention ranks (64 blocks)
+        reqs += [(64 * B - 1, 1), (40 * B + 7, 1)]
+    batch = Batch(reqs, page)
+    idx_q = torch.randn(batch.T, Hkv, Didx, device=DEVICE).to(dtype)
+    idx_k, _ = make_idx_cache(batch, Didx, dtype)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    args = (batch.block_table, batch.token_req, batch.token_pos)
+    sel = index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T)
+    scores = index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T,
+                              return_scores=True)
+    assert scores.dtype == torch.float32 and scores.shape[:2] == (batch.T, Hkv)
+    for mode in (0, 2):
+        kv, ks, vs, kvs, _ = make_kv_cache(batch, Hkv, D, dtype, mode)
+        for kw in (dict(), dict(num_splits=1), dict(num_splits=3),
+                   dict(num_splits=2, fused_merge=True)):
+            ref = block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, mode, ks, vs, kvs,
+                                         **kw)
+            out = torch.full_like(q, float("nan"))
+            got = block_sparse_attention(q, kv, *args, scores, B, D ** -0.5, mode, ks, vs, kvs,
+                                         out=out, select_topk=topk, **kw)
+            assert torch.equal(got, ref), f"[seed {seed} mode {mode} {kw}]"
+    # what it does not take: prefill tokens, long rows, ids, prefill layouts
+    with pytest.raises(ValueError, match="return_scores"):
+        index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T - 1,
+                         return_scores=True)
+    with pytest.raises(ValueError, match="return_scores"):
+        index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T,
+                         max_context=65 * B, return_scores=True)
+    kv, *_ = make_kv_cache(batch, Hkv, D, dtype, 0)
+    with pytest.raises(ValueError, match="select_topk"):
+        block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, select_topk=topk)
+    with pytest.raises(ValueError, match="select_topk"):
+        block_sparse_attention(q, kv, *args, scores, B, D ** -0.5, select_topk=topk,
+                               token_tile=2)
+
+
 def scale_mode_cases(batch, q, sel, Hkv, D, B, dtype):
     """Per KV scale mode (and folding): the mode, the folding, the cache and its
     scales (kv, k_scale, v_scale, kv_scales), the oracle's output on the

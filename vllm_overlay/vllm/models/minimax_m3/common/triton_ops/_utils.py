@@ -34,6 +34,13 @@ def arrival_counters(device: torch.device, purpose: str, n: int) -> torch.Tensor
     return buf
 
 
+# the longest row of block scores that the decode attention ranks itself
+# (``block_sparse_attention(..., select_topk=k)`` over ``index_block_topk(...,
+# return_scores=True)``); the select kernel ranks rows up to 64 blocks too (8k
+# context at 128-token blocks); longer rows go through the top-k ids
+SELECT_MAX_BLOCKS = 64
+
+
 def next_pow2(x: int) -> int:
     """Smallest power of two >= max(x, 1)."""
     x = max(int(x), 1)

@@ -11,8 +11,9 @@ sizes (CUDA-graph capturable, no host syncs).
 
 import torch
 
-from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
-                     check_triton, largest_pow2_divisor, next_pow2, num_sms, use_pdl)
+from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_table,
+                     check_int32_vector, check_triton, largest_pow2_divisor, next_pow2,
+                     num_sms, use_pdl)
 from .block_major_group import block_major_rank_kernel, block_major_scatter_kernel
 from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
@@ -24,7 +25,7 @@ _FP8_DTYPES = tuple(
 
 
 def _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
-              kv_scale_mode, k_scale, v_scale, kv_scales):
+              kv_scale_mode, k_scale, v_scale, kv_scales, select_topk=0):
     if q.dim() != 3:
         raise ValueError(f"q must be [num_tokens, num_q_heads, head_dim], got {tuple(q.shape)}")
     if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
@@ -41,7 +42,16 @@ def _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, spars
     check_block_table(block_table)
     check_int32_vector("token_req", token_req, T)
     check_int32_vector("token_pos", token_pos, T)
-    if (topk_blocks.dim() != 3 or topk_blocks.shape[:2] != (T, HKV)
+    if select_topk:
+        if (topk_blocks.dim() != 3 or topk_blocks.shape[:2] != (T, HKV)
+                or topk_blocks.dtype != torch.float32 or topk_blocks.stride(2) != 1
+                or not 1 <= topk_blocks.shape[2] <= SELECT_MAX_BLOCKS):
+            raise ValueError(
+                f"select_topk needs the index's block scores as float32 [{T}, {HKV}, n] with "
+                f"n <= {SELECT_MAX_BLOCKS} blocks, contiguous in the last dim "
+                f"(index_block_topk(..., return_scores=True)), got {tuple(topk_blocks.shape)} "
+                f"{topk_blocks.dtype}; longer rows need the top-k ids")
+    elif (topk_blocks.dim() != 3 or topk_blocks.shape[:2] != (T, HKV)
             or topk_blocks.dtype != torch.int32 or topk_blocks.stride(2) != 1):
         raise ValueError(f"topk_blocks must be int32 [{T}, {HKV}, topk] contiguous in the last "
                          f"dim, got {tuple(topk_blocks.shape)} {topk_blocks.dtype}")
@@ -186,6 +196,7 @@ def block_sparse_attention(
     token_tile: int = 0,
     tile_start: int = 0,
     block_major: int = 0,
+    select_topk: int = 0,
     _tune: dict | None = None,
 ) -> torch.Tensor:
     """Block-sparse GQA attention of each query token over its selected blocks.
@@ -218,6 +229,12 @@ def block_sparse_attention(
         reading the block's K/V once for them, and computes this many pairs
         (a power of two) per step; per-block results are merged per token.
         Off unless asked for.
+      select_topk: > 0: ``topk_blocks`` is instead the index's block scores
+        [T, Hkv, n] float32 with n <= ``SELECT_MAX_BLOCKS``
+        (``index_block_topk(..., return_scores=True)``), and every program
+        selects its token's top ``select_topk`` blocks by rank itself: the same
+        slots as the separate select launch, one launch fewer (per-token
+        decode layout only).
       _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
         num_stages; ``pairs_per_program``: block-major pairs per program, default
         ``BLOCK_MAJOR_PAIRS``; ``hold_kv``: block-major keeps the block's K/V in
@@ -245,13 +262,16 @@ def block_sparse_attention(
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
-              kv_scale_mode, k_scale, v_scale, kv_scales)
+              kv_scale_mode, k_scale, v_scale, kv_scales, select_topk)
     device = q.device
     check_triton(device)
     T, HQ, D = q.shape
     _, _, page_size, HKV, _ = kv_cache.shape
-    topk = topk_blocks.shape[2]
+    topk = int(select_topk) if select_topk else topk_blocks.shape[2]
     G = HQ // HKV
+    if select_topk and (token_tile > 1 or block_major > 1 or _tune and _tune.get("prefetch_rows")):
+        raise ValueError("select_topk runs the per-token decode layout only (no token_tile, "
+                         "block_major or prefetch_rows)")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
@@ -355,6 +375,7 @@ def block_sparse_attention(
     pdl = use_pdl(device, tune, T)
     pdl_kw = {"launch_pdl": True} if pdl else {}
     counters = arrival_counters(device, "attention_merge", T * HKV) if fused else dummy
+    nb_pad = max(16, next_pow2(topk_blocks.shape[2])) if select_topk else 16
     sparse_attn_fwd_kernel[(T, HKV, splits)](
         q, kv_cache, block_table, token_req, token_pos, topk_blocks,
         o_ptr, part_o, part_lse,
@@ -374,6 +395,8 @@ def block_sparse_attention(
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
         PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), PDL=pdl,
+        SELECT_RANK=bool(select_topk), SELECT_NB=topk_blocks.shape[2] if select_topk else 1,
+        NB_PAD=nb_pad, RANK_COLS=nb_pad,
         num_warps=tune.get("num_warps", warps), num_stages=tune.get("num_stages", 2), **pdl_kw,
     )
     if splits > 1 and not fused:

@@ -37,11 +37,13 @@ def topk_insert(run_v, run_i, offs_k, new_v, new_i):
 
 
 @triton.jit
-def rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK: tl.constexpr,
-                  TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, RANK_COLS: tl.constexpr,
-                  VOLATILE: tl.constexpr):
-    """``select_topk_row`` by rank for a row of at most CHUNK entries; the
-    slots are filled in descending score order (ties: the lower column first)."""
+def row_ranks(vals_ptr, row, n_valid, TOPK: tl.constexpr, CHUNK: tl.constexpr,
+              RANK_COLS: tl.constexpr, VOLATILE: tl.constexpr):
+    """Rank of each entry of ``vals[row + 0 .. row + n_valid)`` (a row of at
+    most CHUNK entries): how many entries are ahead of it (a higher score, or
+    an equal one in a lower column).  Returns (rank [CHUNK] int32, chosen
+    [CHUNK] bool: rank < TOPK and the score is not -inf); the chosen entries
+    hold ranks 0 .. n_chosen - 1, i.e. the top-k slots in descending order."""
     offs = tl.arange(0, CHUNK)
     offs_j = tl.arange(0, RANK_COLS)
     v = tl.load(vals_ptr + row + offs, mask=offs < n_valid, other=float("-inf"),
@@ -54,7 +56,17 @@ def rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK: tl.constexpr,
         ahead = (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None])
                                               & (cols[None, :] < offs[:, None]))
         rank += tl.sum(ahead.to(tl.int32), axis=1)
-    chosen = (rank < TOPK) & (v > float("-inf"))
+    return rank, (rank < TOPK) & (v > float("-inf"))
+
+
+@triton.jit
+def rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK: tl.constexpr,
+                  TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, RANK_COLS: tl.constexpr,
+                  VOLATILE: tl.constexpr):
+    """``select_topk_row`` by rank for a row of at most CHUNK entries; the
+    slots are filled in descending score order (ties: the lower column first)."""
+    offs = tl.arange(0, CHUNK)
+    rank, chosen = row_ranks(vals_ptr, row, n_valid, TOPK, CHUNK, RANK_COLS, VOLATILE)
     tl.store(out_row_ptr + rank, offs.to(tl.int32), mask=chosen)
     # the chosen entries hold ranks 0 .. n_chosen - 1: -1 in the slots after them
     n_chosen = tl.sum(chosen.to(tl.int32), axis=0)

@@ -27,8 +27,9 @@ without a context split, i.e. slower at long context).
 
 import torch
 
-from ._utils import (arrival_counters, cdiv, check_block_table, check_int32_vector,
-                     check_triton, largest_pow2_divisor, next_pow2, num_sms, use_pdl)
+from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_table,
+                     check_int32_vector, check_triton, largest_pow2_divisor, next_pow2,
+                     num_sms, use_pdl)
 from .index_score_decode import index_block_max_decode_kernel
 from .index_topk_prefill import index_topk_prefill_kernel
 from .index_topk_select import block_topk_select_kernel
@@ -100,6 +101,7 @@ def index_block_topk(
     context_splits: int | None = None,
     select_chunk: int | None = None,
     fused_select: bool = False,
+    return_scores: bool = False,
     _tune: dict | None = None,
 ) -> torch.Tensor:
     """Select the top-k sparse blocks per (query token, index head).
@@ -118,13 +120,19 @@ def index_block_topk(
         ``max_pages * page_size``); sizes the decode grid and score buffer.
       blocks_per_prog, context_splits, select_chunk: tuning overrides (tests
         use them to exercise every code path; select_chunk a power of two).
+      return_scores: decode batches (every token on the decode path) of at
+        most ``SELECT_MAX_BLOCKS`` blocks per row: return the block scores
+        [T, H_idx, max_blocks] float32 (+inf = forced; entries after a token's
+        own block unwritten) without the select launch, for
+        ``block_sparse_attention(..., select_topk=topk)``.
       fused_select: decode path in one launch (the last scoring program of a
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
         num_warps, num_stages, prefetch_rows, skip_full_mask; decode decode_stages,
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
         decode_warps, rank_select, tile_blocks (sparse blocks per key load)).
-    Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded.
+    Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
+    the block scores, with ``return_scores``).
     """
     _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
               topk, local_blocks, init_blocks, idx_k_scales)
@@ -137,13 +145,19 @@ def index_block_topk(
     elif out.shape != (T, H, topk) or out.dtype != torch.int32 or out.stride(2) != 1:
         raise ValueError(f"out must be int32 [{T}, {H}, {topk}] contiguous in the last dim")
     if T == 0:
-        return out
+        return out if not return_scores else torch.empty((0, H, 1), dtype=torch.float32,
+                                                         device=device)
     if max_context is None:
         max_context = block_table.shape[1] * page_size
     max_blocks = max(cdiv(max_context, sparse_block), 1)
     if num_decode_tokens is None:
         num_decode_tokens = T if T <= block_table.shape[0] else 0
     nd = max(0, min(int(num_decode_tokens), T))
+    if return_scores and (nd != T or max_blocks > SELECT_MAX_BLOCKS or fused_select):
+        raise ValueError(
+            f"return_scores needs a decode batch (num_decode_tokens == {T}, got {nd}) of at "
+            f"most {SELECT_MAX_BLOCKS} sparse blocks per row (max_context {max_context} gives "
+            f"{max_blocks}) and no fused_select; otherwise take the top-k ids")
 
     k_scaled = idx_k_scales is not None
     ks = idx_k_scales if k_scaled else idx_k_cache  # dummy pointer when unused
@@ -224,6 +238,8 @@ def index_block_topk(
             RANK=rank, RANK_COLS=rank_cols,
             num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
+        if return_scores:
+            return scores
         if not fused_select:
             block_topk_select_kernel[(nd, H)](
                 scores, scores, token_pos, out,

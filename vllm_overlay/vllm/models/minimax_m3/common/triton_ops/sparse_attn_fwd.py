@@ -35,6 +35,13 @@ Layouts (element strides):
                    (strides ``stride_fot``, ``stride_foh``).  One launch, no
                    merge kernel.
 Rows with no visible key produce zeros.
+SELECT_RANK (decode rows of ``SELECT_NB`` <= ``NB_PAD`` sparse blocks): ``topk_ptr``
+holds the index's block scores ``[T, Hkv, SELECT_NB]`` float32 (``index_block_topk(
+..., return_scores=True)``; +inf = forced, entries after the token's own block
+unwritten) instead of block ids, and every program ranks its token's row
+itself (``row_ranks``, as the select kernel's rank path): slot i is the block
+of rank i, -1 past the chosen ones.  The same slots as the two-launch chain,
+without the select launch.
 PDL (programmatic dependent launch, CUDA sm90+, decode): the program lets the
 next launch start, reads its query, position and request, then waits for the
 previous launch (the top-k selection) to complete before anything else.
@@ -46,6 +53,7 @@ fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 from ._attend import (attend_key_tile, key_tile_rows, load_key_rows, load_key_tile,
                       scales_and_operand)
 from ._triton import tl, tl_cuda, triton
+from .index_topk_select import row_ranks
 
 
 @triton.jit
@@ -68,6 +76,8 @@ def sparse_attn_fwd_kernel(
     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, FP16_MMA: tl.constexpr,
     FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 2,
     PREFETCH_ROWS: tl.constexpr = False, PDL: tl.constexpr = False,
+    SELECT_RANK: tl.constexpr = False, SELECT_NB: tl.constexpr = 1, NB_PAD: tl.constexpr = 16,
+    RANK_COLS: tl.constexpr = 16,
 ):
     if PDL:
         tl_cuda.gdc_launch_dependents()
@@ -122,8 +132,17 @@ def sparse_attn_fwd_kernel(
                                             ksc, vsc, SCALE_MODE, IEEE)
             row, srow, kvalid = row_n, srow_n, kvalid_n
     else:
+        if SELECT_RANK:  # this token's top-k slots from its block scores
+            n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, SELECT_NB)
+            rank, chosen = row_ranks(topk_ptr, t64 * stride_tt + g * stride_th, n_valid,
+                                     TOPK, NB_PAD, RANK_COLS, False)
+            rank = tl.where(chosen, rank, -1)
+            blk1 = tl.arange(0, NB_PAD) + 1  # block id + 1: 0 marks an empty slot
         for i in range(slot_lo, slot_hi):
-            b = tl.load(topk_row + i)
+            if SELECT_RANK:
+                b = tl.sum(tl.where(rank == i, blk1, 0), axis=0) - 1
+            else:
+                b = tl.load(topk_row + i)
             for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
                 kp = b * SPARSE_BLOCK + n0 + offs_n
                 kvalid = (kp <= pos) & (b >= 0)
