@@ -478,9 +478,11 @@ def test_decode_attention_selects_from_block_scores(shape):
     idx_k, _ = make_idx_cache(batch, Didx, dtype)
     q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
     args = (batch.block_table, batch.token_req, batch.token_pos)
-    sel = index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T)
+    # (the batch's block table has a spare page: without max_context, 65 blocks on a GPU)
+    sel = index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T,
+                           max_context=64 * B)
     scores = index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T,
-                              return_scores=True)
+                              max_context=64 * B, return_scores=True)
     assert scores.dtype == torch.float32 and scores.shape[:2] == (batch.T, Hkv)
     for mode in (0, 2):
         kv, ks, vs, kvs, _ = make_kv_cache(batch, Hkv, D, dtype, mode)
