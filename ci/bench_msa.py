@@ -35,6 +35,7 @@ they are loaded straight from this repository's ``vllm_overlay`` tree.
 
 import argparse
 import datetime
+import functools
 import importlib.util
 import json
 import os
@@ -374,13 +375,11 @@ class Timer:
             return statistics.median(a.elapsed_time(b) * 1e3 for a, b in ts)
 
 
-def flush_probe(timer, dev, bw, sizes_mib=(8, 32, 64, 256)):
-    """What the L2 flush itself costs a kernel that only reads: a Triton
-    kernel reads a buffer of each size once (16-byte vector loads, one
-    program per 64 KiB), timed after the write flush, after the read flush and
-    warm.  With the write flush the time grows by the write-back of the dirty
-    lines the reads evict (at most the L2's size); ``floor_us`` = size / copy
-    bandwidth."""
+@functools.lru_cache(maxsize=None)
+def read_once_kernel():
+    """A Triton kernel that reads its buffer once: each program sums STEPS
+    loads of BLOCK elements (16-byte vectors) and writes the BLOCK sums (the
+    flush probe's and the read-ceiling sweep's plain read)."""
     import triton
     import triton.language as tl
 
@@ -392,6 +391,18 @@ def flush_probe(timer, dev, bw, sizes_mib=(8, 32, 64, 256)):
         for i in tl.static_range(STEPS):
             acc += tl.load(base + i * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
         tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+    return _read_once
+
+
+def flush_probe(timer, dev, bw, sizes_mib=(8, 32, 64, 256)):
+    """What the L2 flush itself costs a kernel that only reads: a Triton
+    kernel reads a buffer of each size once (16-byte vector loads, one
+    program per 64 KiB), timed after the write flush, after the read flush and
+    warm.  With the write flush the time grows by the write-back of the dirty
+    lines the reads evict (at most the L2's size); ``floor_us`` = size / copy
+    bandwidth."""
+    _read_once = read_once_kernel()
 
     res = dict(l2_bytes=torch.cuda.get_device_properties(dev).L2_cache_size)
     for mib in sizes_mib:
@@ -421,17 +432,7 @@ def sweep_read_ceiling(timer, dev, index_block_topk, block_sparse_attention):
     chained as two dependent launches (index keys, then the selected K/V:
     b32 x 8k is 64 + 32 MiB, b32 x 32k 256 + 32 MiB).  Any kernel that reads
     these bytes in that order takes at least about the chained minimum."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _read_once(x_ptr, out_ptr, BLOCK: tl.constexpr, STEPS: tl.constexpr):
-        pid = tl.program_id(0)
-        base = x_ptr + pid.to(tl.int64) * BLOCK * STEPS
-        acc = tl.zeros([BLOCK], tl.float32)
-        for i in tl.static_range(STEPS):
-            acc += tl.load(base + i * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
-        tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+    _read_once = read_once_kernel()
 
     # (name, bf16 elements per load, loads per program, warps)
     configs = (("16k_w4", 8192, 1, 4), ("32k_w4", 8192, 2, 4), ("32k_w8", 16384, 1, 8),

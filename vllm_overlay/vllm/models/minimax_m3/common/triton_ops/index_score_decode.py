@@ -46,6 +46,28 @@ from .index_topk_select import select_topk_row
 
 
 @triton.jit
+def _key_scores(q, k_ptr, ks_ptr, bt_row, kp, pos, offs_d, dmask,
+                stride_kp, stride_ks, stride_sp, stride_ss, PAGE_SIZE: tl.constexpr,
+                K_SCALED: tl.constexpr, IEEE: tl.constexpr):
+    """[H_PAD, N] fp32 scores of the index queries ``q`` against the keys at
+    absolute positions ``kp`` [N] (times their scales if K_SCALED); -inf for
+    keys after ``pos``."""
+    kmask = kp <= pos
+    row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
+    k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
+                mask=kmask[:, None] & dmask[None, :], other=0.0)
+    if IEEE:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    if K_SCALED:
+        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+        ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
+        s = s * ksc[None, :]
+    return tl.where(kmask[None, :], s, float("-inf"))
+
+
+@triton.jit
 def _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d, dmask, hmask,
                  H_PAD: tl.constexpr, stride_kp, stride_ks, stride_sp, stride_ss,
                  SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
@@ -54,20 +76,9 @@ def _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d,
     """Max score of sparse block ``b`` for every index head -> out_row[h, b]."""
     bmax = tl.full([H_PAD], float("-inf"), tl.float32)
     for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-        kp = b * SPARSE_BLOCK + n0 + offs_n
-        kmask = kp <= pos
-        row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
-        k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
-                    mask=kmask[:, None] & dmask[None, :], other=0.0)
-        if IEEE:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k.to(q.dtype)))
-        if K_SCALED:
-            srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
-            ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
-            s = s * ksc[None, :]
-        s = tl.where(kmask[None, :], s, float("-inf"))
+        s = _key_scores(q, k_ptr, ks_ptr, bt_row, b * SPARSE_BLOCK + n0 + offs_n, pos, offs_d,
+                        dmask, stride_kp, stride_ks, stride_sp, stride_ss, PAGE_SIZE,
+                        K_SCALED, IEEE)
         bmax = tl.maximum(bmax, tl.max(s, axis=1))
     forced = (b > own - LOCAL) | (b < INIT)
     bmax = tl.where(forced, float("inf"), bmax)
@@ -82,20 +93,9 @@ def _score_block_tile(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_d, dm
                       K_SCALED: tl.constexpr, IEEE: tl.constexpr):
     """Max scores of sparse blocks ``b .. b + TILE_BLOCKS - 1`` for every index
     head -> out_row[h, blk] for the blocks up to ``own``, from one key load."""
-    kp = b * SPARSE_BLOCK + tl.arange(0, TILE_BLOCKS * SPARSE_BLOCK)
-    kmask = kp <= pos
-    row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
-    k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
-                mask=kmask[:, None] & dmask[None, :], other=0.0)
-    if IEEE:
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k.to(q.dtype)))
-    if K_SCALED:
-        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
-        ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
-        s = s * ksc[None, :]
-    s = tl.where(kmask[None, :], s, float("-inf"))
+    s = _key_scores(q, k_ptr, ks_ptr, bt_row,
+                    b * SPARSE_BLOCK + tl.arange(0, TILE_BLOCKS * SPARSE_BLOCK), pos, offs_d,
+                    dmask, stride_kp, stride_ks, stride_sp, stride_ss, PAGE_SIZE, K_SCALED, IEEE)
     bmax = tl.max(tl.reshape(s, [H_PAD, TILE_BLOCKS, SPARSE_BLOCK]), axis=2)
     blk = b + tl.arange(0, TILE_BLOCKS)
     forced = (blk > own - LOCAL) | (blk < INIT)
