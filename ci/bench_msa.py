@@ -915,7 +915,7 @@ def distinct_per_tile(sel, tm):
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
                "block_major", "decode_profile", "decode_variants", "decode_attn_warps",
-               "prefill_attn_profile", "index_tiles", "read_ceiling")
+               "prefill_attn_profile", "index_tiles", "read_ceiling", "kv_dtype_parity")
 
 
 def env_shapes(name, default):
@@ -946,7 +946,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    decode_profile=sweep_decode_profile, decode_variants=sweep_decode_variants,
                    decode_attn_warps=sweep_decode_attn_warps,
                    prefill_attn_profile=sweep_prefill_attn_profile,
-                   index_tiles=sweep_index_tiles, read_ceiling=sweep_read_ceiling)
+                   index_tiles=sweep_index_tiles, read_ceiling=sweep_read_ceiling,
+                   kv_dtype_parity=sweep_kv_dtype_parity)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -1086,10 +1087,19 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
                 ("fused_select_argmax", dict(rank_select=False), {}, False, "fused"),
                 ("fused_select_pdl", dict(pdl=True), dict(pdl=True), False, "fused"),
                 ("select_in_attention", {}, {}, False, "attention"),
-                ("select_in_attention_pdl", dict(pdl=True), dict(pdl=True), False, "attention"))
+                ("select_in_attention_pdl", dict(pdl=True), dict(pdl=True), False, "attention"),
+                ("key_split2", {}, dict(key_split=2), False, "kernel"),
+                ("key_split4", {}, dict(key_split=4), False, "kernel"),
+                ("key_split2_4warps", {}, dict(key_split=2, num_warps=4), False, "kernel"),
+                ("key_split2_8warps", {}, dict(key_split=2, num_warps=8), False, "kernel"),
+                ("key_split2_pdl", dict(pdl=True), dict(key_split=2, pdl=True), False, "kernel"))
+    if os.environ.get("DECODE_VARIANTS"):  # a comma-separated subset of the names
+        keep = os.environ["DECODE_VARIANTS"].split(",")
+        variants = tuple(v for v in variants if v[0] in keep or v[0] == "default")
     shapes = ((1, 8192, 0), (1, 32768, 0), (32, 8192, 0), (32, 8192, 1), (32, 32768, 0))
-    if os.environ.get("DECODE_VARIANTS_SHAPES"):  # "BxC,..." with bf16 KV
-        shapes = tuple((b, c, 0) for b, c in env_shapes("DECODE_VARIANTS_SHAPES", ""))
+    if os.environ.get("DECODE_VARIANTS_SHAPES"):  # "BxC,..." (bf16 KV) or "BxCxM" (KV mode M)
+        shapes = tuple((v[0], v[1], v[2] if len(v) > 2 else 0)
+                       for v in env_shapes("DECODE_VARIANTS_SHAPES", ""))
     for batch, ctx, kv_mode in shapes:
         bt = Batch([ctx] * batch, 1, kv_mode, dev)
         ref_sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
@@ -1106,8 +1116,8 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
                                        fused_select=select == "fused",
                                        return_scores=select == "attention", _tune=itune)
                 block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos,
-                                       ids, B, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale, None,
-                                       out=o, fused_merge=fused,
+                                       ids, B, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale,
+                                       bt.kv_scales, out=o, fused_merge=fused,
                                        select_topk=TOPK if select == "attention" else 0,
                                        _tune=atune)
             try:
@@ -1128,6 +1138,61 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
                             us_write_flush=t_w, us_read_flush=t_r))
             print(f"[sweep] {out[-1]}", flush=True)
         del bt
+    return out
+
+
+def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
+    """bf16 against fp8 KV (scalar and per-token-head scales), paired: the
+    three whole steps (index + top-k + attention) of one shape are captured,
+    then timed in turns, ``PARITY_ROUNDS`` rounds of one median each (write
+    flush), so that drift of the GPU's clocks between rows of the table does
+    not decide which is faster.  Reports each round's medians, the per-round
+    fp8 / bf16 ratios and how many rounds fp8 was slower in.  Decode shapes
+    ``PARITY_DECODE`` ("BxC", default batch 1), prefill ``PARITY_PREFILL``
+    (chunk x context, default an 8192-token chunk at 8k and 32k context);
+    ``PARITY_ATTN_TUNE``: a JSON ``_tune`` for the decode attention."""
+    rounds = int(os.environ.get("PARITY_ROUNDS", "7"))
+    attn_tune = json.loads(os.environ.get("PARITY_ATTN_TUNE", "{}"))
+    shapes = [("decode", b, c) for b, c in env_shapes("PARITY_DECODE",
+                                                       "1x8192,1x32768,1x131072")]
+    shapes += [("prefill", n, c) for n, c in env_shapes("PARITY_PREFILL",
+                                                         "8192x8192,8192x32768")]
+    out = []
+    for phase, n, ctx in shapes:
+        graphs = {}
+        for kv_name, kv_mode in KV_KINDS:
+            bt = (Batch([ctx] * n, 1, kv_mode, dev) if phase == "decode"
+                  else Batch([ctx], n, kv_mode, dev))
+            sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+            o = torch.empty_like(bt.q)
+            layout = ({} if phase == "decode"
+                      else default_layout(block_sparse_attention, n, ctx, kv_mode != 0))
+
+            def step(bt=bt, sel=sel, o=o, kv_mode=kv_mode, layout=layout):
+                index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                                 bt.token_pos, B, TOPK, out=sel,
+                                 num_decode_tokens=bt.T if phase == "decode" else 0)
+                block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                       bt.token_pos, sel, B, D ** -0.5, kv_mode, bt.k_scale,
+                                       bt.v_scale, bt.kv_scales, out=o, **layout,
+                                       **({"_tune": attn_tune} if phase == "decode" else {}))
+            graphs[kv_name] = (timer.graph(step), bt)
+        per_round = {k: [] for k in graphs}
+        for _ in range(rounds):
+            for k, (g, _) in graphs.items():
+                per_round[k].append(timer.time_graph(g))
+        row = dict(kind="kv_dtype_parity", phase=phase, tokens=n, context=ctx,
+                   attn_tune=attn_tune if phase == "decode" else None, rounds=rounds,
+                   us=per_round,
+                   median_us={k: statistics.median(v) for k, v in per_round.items()})
+        for k in ("fp8", "fp8-pth"):
+            ratios = [a / b for a, b in zip(per_round[k], per_round["bf16"])]
+            row[f"{k}_over_bf16"] = dict(median=statistics.median(ratios), min=min(ratios),
+                                         max=max(ratios),
+                                         rounds_slower=sum(r > 1.0 for r in ratios))
+        out.append(row)
+        print(f"[sweep] {row}", flush=True)
+        del graphs
     return out
 
 

@@ -9,7 +9,8 @@
 #      results in $OUT/bench_msa.{json,md} and its log in $OUT/bench.log.
 # Env: BUDGET_S (default 570, the call's wall limit), TESTS_S (default 300, pytest's
 # share), TEST_SHARDS (default 1: pytest processes run in parallel), GIT_COMMIT
-# (recorded by the bench), BENCH_ARGS.
+# (recorded by the bench), BENCH_ARGS, PYTEST_K (a pytest -k expression: only
+# those tests).
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash ci/gpu_kernel_job.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,21 +37,23 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
   torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
 
 TEST_FILES="tests/kernels/test_minimax_m3_triton_msa.py vllm_overlay/tests/kernels/test_minimax_m3_sparse_attn_fp8_scale.py"
-PYTEST="python3 -m pytest -q -rs -p no:cacheprovider --durations=25"
+PYTEST=(python3 -m pytest -q -rs -p no:cacheprovider --durations=25)
+SELECT=()
+if [ -n "${PYTEST_K:-}" ]; then SELECT=(-k "$PYTEST_K"); fi
 if [ "${TESTS_S}" -gt 0 ] && [ "${TEST_SHARDS:-1}" -le 1 ]; then
-  timeout -s INT "$TESTS_S" $PYTEST $TEST_FILES > "$OUT/kernel_tests.log" 2>&1
+  timeout -s INT "$TESTS_S" "${PYTEST[@]}" "${SELECT[@]}" $TEST_FILES > "$OUT/kernel_tests.log" 2>&1
   echo "kernel tests rc=$? ($(( $(date +%s) - T0 )) s)"
   tail -5 "$OUT/kernel_tests.log"
 elif [ "${TESTS_S}" -gt 0 ]; then
   # Most of the tests' wall time is Triton compiling each test's kernel variants on
   # one CPU core; TEST_SHARDS pytest processes (round-robin over the collected test
   # ids) compile in parallel and share the GPU.
-  python3 -m pytest -q --collect-only -p no:cacheprovider $TEST_FILES 2>/dev/null \
+  python3 -m pytest -q --collect-only -p no:cacheprovider "${SELECT[@]}" $TEST_FILES 2>/dev/null \
     | grep '::' > "$OUT/test_ids.txt"
   pids=()
   for i in $(seq 0 $(( TEST_SHARDS - 1 ))); do
     awk -v n="$TEST_SHARDS" -v i="$i" 'NR % n == i' "$OUT/test_ids.txt" > "$OUT/shard$i.txt"
-    timeout -s INT "$TESTS_S" $PYTEST $(cat "$OUT/shard$i.txt") > "$OUT/kernel_tests.shard$i.log" 2>&1 &
+    timeout -s INT "$TESTS_S" "${PYTEST[@]}" $(cat "$OUT/shard$i.txt") > "$OUT/kernel_tests.shard$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do

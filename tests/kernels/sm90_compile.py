@@ -105,6 +105,10 @@ def main():
             (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=1, NUM_SPLITS=16,
                                           FUSED_MERGE=False, S_PAD=16, PREFETCH_ROWS=False,
                                           PDL=True), 8),
+            # each selected block split in two key ranges (``key_split``, decode)
+            (sparse_attn_fwd_kernel, dict(TOPK=16, SLOTS=1, NUM_SPLITS=32, BLOCK_N=64,
+                                          KEY_SPLIT=2, FUSED_MERGE=False, S_PAD=32,
+                                          PREFETCH_ROWS=False), 8),
             # block-major prefill: 64 (token, slot) pairs per program, 4 or 8 per step
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16), 4),
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=8, CHUNK=64, TOPK=16), 8),

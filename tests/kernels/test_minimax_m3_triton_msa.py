@@ -723,6 +723,35 @@ def test_block_sparse_attention_prefetch_rows(case):
                               f"splits {splits}] {m}")
 
 
+@pytest.mark.parametrize("case", ["short", "mixed"])
+def test_block_sparse_attention_key_split(case):
+    """``_tune={"key_split": n}``: every selected block split into n key
+    ranges, one program each, merged with the other splits by log-sum-exp
+    (merge launch and fused merge) equals the oracle, every KV scale mode."""
+    seed = _seed()
+    dtype = DTYPES[-1]
+    Hq, Hkv, D, _, B, page, topk = SHAPES[1]  # sparse block 32 on CPU: ranges of 16 keys
+    batch = Batch(ATTN_CASES[case](B), page)
+    sel = random_selection(batch, Hkv, topk, B)
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    scale = D ** -0.5
+    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
+            batch, q, sel, Hkv, D, B, dtype):
+        for key_split, splits, fused in ((2, 1, False), (2, 2, True), (B // 16, None, False)):
+            out = torch.full_like(q, float("nan"))
+            got = block_sparse_attention(
+                q, kv, batch.block_table, batch.token_req, batch.token_pos, sel, B, scale,
+                mode, ks, vs, kvs, fold_scalar_scales=fold, out=out, num_splits=splits,
+                fused_merge=fused, _tune=dict(key_split=key_split))
+            torch.testing.assert_close(
+                got.double(), ref, atol=atol, rtol=rtol,
+                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} key_split {key_split} "
+                              f"splits {splits} fused {fused}] {m}")
+    with pytest.raises(ValueError, match="key_split"):
+        block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
+                               sel, B, scale, mode, ks, vs, kvs, _tune=dict(key_split=3))
+
+
 def test_block_sparse_attention_token_tile_must_be_pow2():
     batch = Batch([(0, 3)], SHAPES[0][5])
     Hq, Hkv, D, _, B, page, topk = SHAPES[0]

@@ -258,7 +258,10 @@ def block_sparse_attention(
         False: once per pair; see ``block_major_tiles``); ``prefetch_rows``: the per-token kernel resolves the next
         key tile's selection slot and pages one tile ahead, off by default
         until the H200 says it pays; ``pdl``: programmatic dependent launch of
-        the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL).
+        the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL;
+        ``key_split``: the per-token kernel also splits each selected block
+        into this many key ranges, one program each (tokens before
+        ``tile_start`` only when a prefill layout is given)).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -289,13 +292,21 @@ def block_sparse_attention(
         splits = max(1, min(int(num_splits), topk))
     slots = cdiv(topk, splits)
     splits = cdiv(topk, slots)
+    key_split = int((_tune or {}).get("key_split", 1))
+    if key_split < 1 or key_split & (key_split - 1) or sparse_block % (16 * key_split):
+        raise ValueError(f"key_split ({key_split}) must be a power of two that leaves "
+                         f"sparse_block ({sparse_block}) in key ranges of a multiple of 16")
+    if key_split > 1 and (_tune or {}).get("prefetch_rows"):
+        raise ValueError("key_split and prefetch_rows are two per-token decode layouts; pick one")
+    splits *= key_split
 
     G_PAD = max(16, next_pow2(G))
     D_PAD = max(16, next_pow2(D))
     tune = _tune or {}
     # H200 sweep (8192-token prefill chunk): 128-key tiles / 4 warps fastest
     # for bf16 (1.11 vs 1.18 ms at 64) and fp8 (1.33 vs 1.80 ms)
-    BLOCK_N = largest_pow2_divisor(sparse_block, tune.get("BLOCK_N", 128 if D_PAD <= 128 else 32))
+    BLOCK_N = largest_pow2_divisor(sparse_block // key_split,
+                                   tune.get("BLOCK_N", 128 if D_PAD <= 128 else 32))
     if BLOCK_N < 16:
         raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
     ieee = q.dtype == torch.float32
@@ -396,7 +407,7 @@ def block_sparse_attention(
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
         PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), PDL=pdl,
         SELECT_RANK=bool(select_topk), SELECT_NB=topk_blocks.shape[2] if select_topk else 1,
-        NB_PAD=nb_pad, RANK_COLS=nb_pad,
+        NB_PAD=nb_pad, RANK_COLS=nb_pad, KEY_SPLIT=key_split,
         num_warps=tune.get("num_warps", warps), num_stages=tune.get("num_stages", 2), **pdl_kw,
     )
     if splits > 1 and not fused:

@@ -180,6 +180,7 @@ def index_block_max_decode_kernel(
             t64 = t.to(tl.int64)
             for h in range(H):
                 select_topk_row(out_ptr, out_ptr, t64 * stride_ot + h * stride_oh, n_valid,
+                                max_blocks,
                                 sel_ptr + t64 * stride_selt + h * stride_selh,
                                 TOPK, TOPK_PAD, CHUNK, False, SINGLE_CHUNK, True,
                                 RANK, RANK_COLS)

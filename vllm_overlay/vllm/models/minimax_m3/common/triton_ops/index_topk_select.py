@@ -37,22 +37,27 @@ def topk_insert(run_v, run_i, offs_k, new_v, new_i):
 
 
 @triton.jit
-def row_ranks(vals_ptr, row, n_valid, TOPK: tl.constexpr, CHUNK: tl.constexpr,
+def row_ranks(vals_ptr, row, n_valid, n_cols, TOPK: tl.constexpr, CHUNK: tl.constexpr,
               RANK_COLS: tl.constexpr, VOLATILE: tl.constexpr):
     """Rank of each entry of ``vals[row + 0 .. row + n_valid)`` (a row of at
     most CHUNK entries): how many entries are ahead of it (a higher score, or
     an equal one in a lower column).  Returns (rank [CHUNK] int32, chosen
     [CHUNK] bool: rank < TOPK and the score is not -inf); the chosen entries
-    hold ranks 0 .. n_chosen - 1, i.e. the top-k slots in descending order."""
+    hold ranks 0 .. n_chosen - 1, i.e. the top-k slots in descending order.
+    The loads cover the row's ``n_cols`` allocated entries and only then drop
+    those from ``n_valid`` on (unwritten ones included), so they need not wait
+    for the load ``n_valid`` comes from (the token's position)."""
     offs = tl.arange(0, CHUNK)
     offs_j = tl.arange(0, RANK_COLS)
-    v = tl.load(vals_ptr + row + offs, mask=offs < n_valid, other=float("-inf"),
+    v = tl.load(vals_ptr + row + offs, mask=offs < n_cols, other=float("-inf"),
                 volatile=VOLATILE)
+    v = tl.where(offs < n_valid, v, float("-inf"))
     rank = tl.zeros([CHUNK], tl.int32)
     for j0 in tl.static_range(0, CHUNK, RANK_COLS):
         cols = j0 + offs_j
-        vj = tl.load(vals_ptr + row + cols, mask=cols < n_valid, other=float("-inf"),
+        vj = tl.load(vals_ptr + row + cols, mask=cols < n_cols, other=float("-inf"),
                      volatile=VOLATILE)
+        vj = tl.where(cols < n_valid, vj, float("-inf"))
         ahead = (vj[None, :] > v[:, None]) | ((vj[None, :] == v[:, None])
                                               & (cols[None, :] < offs[:, None]))
         rank += tl.sum(ahead.to(tl.int32), axis=1)
@@ -60,13 +65,13 @@ def row_ranks(vals_ptr, row, n_valid, TOPK: tl.constexpr, CHUNK: tl.constexpr,
 
 
 @triton.jit
-def rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK: tl.constexpr,
+def rank_topk_row(vals_ptr, row, n_valid, n_cols, out_row_ptr, TOPK: tl.constexpr,
                   TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, RANK_COLS: tl.constexpr,
                   VOLATILE: tl.constexpr):
     """``select_topk_row`` by rank for a row of at most CHUNK entries; the
     slots are filled in descending score order (ties: the lower column first)."""
     offs = tl.arange(0, CHUNK)
-    rank, chosen = row_ranks(vals_ptr, row, n_valid, TOPK, CHUNK, RANK_COLS, VOLATILE)
+    rank, chosen = row_ranks(vals_ptr, row, n_valid, n_cols, TOPK, CHUNK, RANK_COLS, VOLATILE)
     tl.store(out_row_ptr + rank, offs.to(tl.int32), mask=chosen)
     # the chosen entries hold ranks 0 .. n_chosen - 1: -1 in the slots after them
     n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
@@ -77,7 +82,7 @@ def rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK: tl.constexpr,
 
 @triton.jit
 def select_topk_row(
-    vals_ptr, ids_ptr, row, n_valid, out_row_ptr,
+    vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr,
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     HAS_IDS: tl.constexpr, SINGLE_CHUNK: tl.constexpr, VOLATILE: tl.constexpr,
     RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
@@ -88,8 +93,8 @@ def select_topk_row(
     RANK: ``rank_topk_row`` (SINGLE_CHUNK rows without ids)."""
     if RANK:
         tl.static_assert(SINGLE_CHUNK and not HAS_IDS)
-        rank_topk_row(vals_ptr, row, n_valid, out_row_ptr, TOPK, TOPK_PAD, CHUNK, RANK_COLS,
-                      VOLATILE)
+        rank_topk_row(vals_ptr, row, n_valid, n_cols, out_row_ptr, TOPK, TOPK_PAD, CHUNK,
+                      RANK_COLS, VOLATILE)
     else:
         offs_k = tl.arange(0, TOPK_PAD)
         offs_c = tl.arange(0, CHUNK)
@@ -139,6 +144,6 @@ def block_topk_select_kernel(
         n_valid = N
     if PDL:
         tl_cuda.gdc_wait()
-    select_topk_row(vals_ptr, ids_ptr, t.to(tl.int64) * stride_vt + h * stride_vh, n_valid,
+    select_topk_row(vals_ptr, ids_ptr, t.to(tl.int64) * stride_vt + h * stride_vh, n_valid, N,
                     out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh,
                     TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False, RANK, RANK_COLS)

@@ -35,6 +35,12 @@ Layouts (element strides):
                    (strides ``stride_fot``, ``stride_foh``).  One launch, no
                    merge kernel.
 Rows with no visible key produce zeros.
+KEY_SPLIT > 1 (decode, few tokens): each selected block is split too, in
+``KEY_SPLIT`` ranges of ``SPARSE_BLOCK / KEY_SPLIT`` keys, one per program:
+split ``s`` reads keys ``(s % KEY_SPLIT) * KEYS ...`` of the blocks in slots
+``[(s // KEY_SPLIT) * SLOTS, ...)``; NUM_SPLITS counts these programs.  More
+programs with fewer bytes and conversions each for a batch whose tokens x KV
+heads x selected blocks leave most SMs idle.
 SELECT_RANK (decode rows of ``SELECT_NB`` <= ``NB_PAD`` sparse blocks): ``topk_ptr``
 holds the index's block scores ``[T, Hkv, SELECT_NB]`` float32 (``index_block_topk(
 ..., return_scores=True)``; +inf = forced, entries after the token's own block
@@ -77,10 +83,11 @@ def sparse_attn_fwd_kernel(
     FUSED_MERGE: tl.constexpr = False, S_PAD: tl.constexpr = 2,
     PREFETCH_ROWS: tl.constexpr = False, PDL: tl.constexpr = False,
     SELECT_RANK: tl.constexpr = False, SELECT_NB: tl.constexpr = 1, NB_PAD: tl.constexpr = 16,
-    RANK_COLS: tl.constexpr = 16,
+    RANK_COLS: tl.constexpr = 16, KEY_SPLIT: tl.constexpr = 1,
 ):
     if PDL:
         tl_cuda.gdc_launch_dependents()
+    KEYS: tl.constexpr = SPARSE_BLOCK // KEY_SPLIT  # keys of each block this program reads
     t = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -111,7 +118,8 @@ def sparse_attn_fwd_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
 
-    slot_lo = split * SLOTS
+    slot_lo = (split // KEY_SPLIT) * SLOTS
+    key_lo = (split % KEY_SPLIT) * KEYS
     slot_hi = tl.minimum(slot_lo + SLOTS, TOPK)
     if PREFETCH_ROWS:
         # one loop over key tiles; the next tile's selection and block-table
@@ -135,7 +143,7 @@ def sparse_attn_fwd_kernel(
         if SELECT_RANK:  # this token's top-k slots from its block scores
             n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, SELECT_NB)
             rank, chosen = row_ranks(topk_ptr, t64 * stride_tt + g * stride_th, n_valid,
-                                     TOPK, NB_PAD, RANK_COLS, False)
+                                     SELECT_NB, TOPK, NB_PAD, RANK_COLS, False)
             rank = tl.where(chosen, rank, -1)
             blk1 = tl.arange(0, NB_PAD) + 1  # block id + 1: 0 marks an empty slot
         for i in range(slot_lo, slot_hi):
@@ -143,8 +151,8 @@ def sparse_attn_fwd_kernel(
                 b = tl.sum(tl.where(rank == i, blk1, 0), axis=0) - 1
             else:
                 b = tl.load(topk_row + i)
-            for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
-                kp = b * SPARSE_BLOCK + n0 + offs_n
+            for n0 in tl.static_range(0, KEYS, BLOCK_N):
+                kp = b * SPARSE_BLOCK + key_lo + n0 + offs_n
                 kvalid = (kp <= pos) & (b >= 0)
                 k, v, ksc, vsc = load_key_tile(
                     k_base, v_base, kvs_ptr, bt_row, kp, kvalid, offs_d, dmask, g,
