@@ -1143,16 +1143,20 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
 
 def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
     """bf16 against fp8 KV (scalar and per-token-head scales), paired: the
-    three whole steps (index + top-k + attention) of one shape are captured,
-    then timed in turns, ``PARITY_ROUNDS`` rounds of one median each (write
-    flush), so that drift of the GPU's clocks between rows of the table does
-    not decide which is faster.  Reports each round's medians, the per-round
-    fp8 / bf16 ratios and how many rounds fp8 was slower in.  Decode shapes
+    whole steps (index + top-k + attention) of one shape are captured, then
+    timed in turns, ``PARITY_ROUNDS`` rounds of one median each (write flush),
+    so that drift of the GPU's clocks between rows of the table does not
+    decide which is faster.  Reports each round's medians, the per-round
+    ratios to bf16 and how many rounds each was slower in.  Decode shapes
     ``PARITY_DECODE`` ("BxC", default batch 1), prefill ``PARITY_PREFILL``
     (chunk x context, default an 8192-token chunk at 8k and 32k context);
-    ``PARITY_ATTN_TUNE``: a JSON ``_tune`` for the decode attention."""
+    ``PARITY_EXTRA``: more decode kinds, "name:kv_mode:json _tune" joined by
+    ";" (e.g. 'fp8-ks2:1:{"key_split": 2}'), timed in the same turns."""
     rounds = int(os.environ.get("PARITY_ROUNDS", "7"))
-    attn_tune = json.loads(os.environ.get("PARITY_ATTN_TUNE", "{}"))
+    kinds = [(name, mode, {}) for name, mode in KV_KINDS]
+    for spec in filter(None, os.environ.get("PARITY_EXTRA", "").split(";")):
+        name, mode, tune = spec.split(":", 2)
+        kinds.append((name, int(mode), json.loads(tune)))
     shapes = [("decode", b, c) for b, c in env_shapes("PARITY_DECODE",
                                                        "1x8192,1x32768,1x131072")]
     shapes += [("prefill", n, c) for n, c in env_shapes("PARITY_PREFILL",
@@ -1160,7 +1164,9 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
     out = []
     for phase, n, ctx in shapes:
         graphs = {}
-        for kv_name, kv_mode in KV_KINDS:
+        for kv_name, kv_mode, tune in kinds:
+            if tune and phase != "decode":
+                continue
             bt = (Batch([ctx] * n, 1, kv_mode, dev) if phase == "decode"
                   else Batch([ctx], n, kv_mode, dev))
             sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
@@ -1168,24 +1174,27 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
             layout = ({} if phase == "decode"
                       else default_layout(block_sparse_attention, n, ctx, kv_mode != 0))
 
-            def step(bt=bt, sel=sel, o=o, kv_mode=kv_mode, layout=layout):
+            def step(bt=bt, sel=sel, o=o, kv_mode=kv_mode, layout=layout, tune=tune):
                 index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                  bt.token_pos, B, TOPK, out=sel,
                                  num_decode_tokens=bt.T if phase == "decode" else 0)
                 block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
                                        bt.token_pos, sel, B, D ** -0.5, kv_mode, bt.k_scale,
                                        bt.v_scale, bt.kv_scales, out=o, **layout,
-                                       **({"_tune": attn_tune} if phase == "decode" else {}))
-            graphs[kv_name] = (timer.graph(step), bt)
+                                       **({"_tune": tune} if tune else {}))
+            # the step (its defaults: the batch and the buffers the graph
+            # writes) lives as long as its graph
+            graphs[kv_name] = (timer.graph(step), step)
         per_round = {k: [] for k in graphs}
         for _ in range(rounds):
             for k, (g, _) in graphs.items():
                 per_round[k].append(timer.time_graph(g))
-        row = dict(kind="kv_dtype_parity", phase=phase, tokens=n, context=ctx,
-                   attn_tune=attn_tune if phase == "decode" else None, rounds=rounds,
-                   us=per_round,
+        row = dict(kind="kv_dtype_parity", phase=phase, tokens=n, context=ctx, rounds=rounds,
+                   tunes={k: t for k, _, t in kinds if k in graphs and t}, us=per_round,
                    median_us={k: statistics.median(v) for k, v in per_round.items()})
-        for k in ("fp8", "fp8-pth"):
+        for k in per_round:
+            if k == "bf16":
+                continue
             ratios = [a / b for a, b in zip(per_round[k], per_round["bf16"])]
             row[f"{k}_over_bf16"] = dict(median=statistics.median(ratios), min=min(ratios),
                                          max=max(ratios),
