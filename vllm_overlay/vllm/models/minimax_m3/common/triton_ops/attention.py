@@ -108,6 +108,18 @@ def default_prefill_token_tile(max_context: int, sparse_block: int, topk: int,
     return 4 if kv_fp8 else 8
 
 
+# decode batches so small that every selected block split in this many key
+# ranges still fits the SMs (tokens x KV heads x top-k x this <= SMs: batch 1
+# and 2 at one KV head) split the blocks too (``key_split``).  H200 run 31,
+# whole decode step, paired rounds (ci/bench_msa.py --sweep-kinds
+# kv_dtype_parity), us against one program per block: batch 1 x 8k bf16 14.69
+# vs 14.82, fp8 15.04 vs 15.06, fp8 per-token-head 14.75 vs 15.42; 1 x 32k
+# 20.29 vs 20.42, 20.06 vs 20.58, 20.10 vs 21.17; 1 x 128k 29.62 vs 29.98, 29.57
+# vs 30.08, 29.82 vs 30.53; 2 x 8k 15.78 vs 16.18 (bf16); at 4 x 8k it loses
+# (bf16 19.39 vs 18.77), where the rule no longer applies
+DECODE_KEY_SPLIT = 4
+
+
 # block-major prefill attention pays from about this many prefill tokens in a
 # batch; H200 run 9, chunks at the end of a 32k context, bf16 / fp8 KV:
 # 256 tokens 91 vs 53 us per token, 1024 165 vs 166, 2048 244 vs 307,
@@ -261,7 +273,8 @@ def block_sparse_attention(
         the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL;
         ``key_split``: the per-token kernel also splits each selected block
         into this many key ranges, one program each (tokens before
-        ``tile_start`` only when a prefill layout is given)).
+        ``tile_start`` only when a prefill layout is given); default
+        ``DECODE_KEY_SPLIT`` where those programs still fit the SMs, else 1).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -292,7 +305,13 @@ def block_sparse_attention(
         splits = max(1, min(int(num_splits), topk))
     slots = cdiv(topk, splits)
     splits = cdiv(topk, slots)
-    key_split = int((_tune or {}).get("key_split", 1))
+    key_split = (_tune or {}).get("key_split")
+    if key_split is None:
+        key_split = (DECODE_KEY_SPLIT if num_splits is None and splits == topk
+                     and T * HKV * splits * DECODE_KEY_SPLIT <= num_sms(device)
+                     and sparse_block % (16 * DECODE_KEY_SPLIT) == 0
+                     and not (_tune or {}).get("prefetch_rows") else 1)
+    key_split = int(key_split)
     if key_split < 1 or key_split & (key_split - 1) or sparse_block % (16 * key_split):
         raise ValueError(f"key_split ({key_split}) must be a power of two that leaves "
                          f"sparse_block ({sparse_block}) in key ranges of a multiple of 16")
