@@ -474,6 +474,125 @@ def sweep_read_ceiling(timer, dev, index_block_topk, block_sparse_attention):
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def decode_skeleton_kernels():
+    """A batch-1 decode step's memory dependencies without its math: four
+    Triton kernels that read what the MSA kernels read, in the same dependent
+    order, and reduce it with sums only.
+      index:  program p reads the request, its block-table row entries of
+              block p, then block p's index keys (PAGES pages x PAGE rows x
+              DIM bf16), and writes one float (the block's "score").
+      select: one program reads all the scores and writes TOPK block ids that
+              depend on them (a reduction, no ranking).
+      attend: program (slot, range) reads its slot's id, the block-table
+              entries of that block, then its KEYS rows of K and of V, and
+              writes a [G, DIM] float32 partial (the real partial's bytes).
+      merge:  one program per query head reads the S partials of its row and
+              writes the bf16 output row."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _index(k_ptr, bt_ptr, req_ptr, out_ptr, stride_kp, stride_bt,
+               PAGES: tl.constexpr, PAGE: tl.constexpr, DIM: tl.constexpr):
+        p = tl.program_id(0)
+        req = tl.load(req_ptr)
+        pages = tl.load(bt_ptr + req * stride_bt + p * PAGES + tl.arange(0, PAGES))
+        rows = tl.arange(0, PAGE)
+        cols = tl.arange(0, DIM)
+        k = tl.load(k_ptr + pages.to(tl.int64)[:, None, None] * stride_kp
+                    + rows[None, :, None] * DIM + cols[None, None, :])
+        tl.store(out_ptr + p, tl.sum(tl.sum(tl.sum(k.to(tl.float32), axis=2), axis=1), axis=0))
+
+    @triton.jit
+    def _select(score_ptr, ids_ptr, NB: tl.constexpr, TOPK: tl.constexpr):
+        sc = tl.load(score_ptr + tl.arange(0, NB))
+        r = tl.sum((sc == sc).to(tl.int32), axis=0)  # NB, but only once the scores are in
+        ids = (tl.arange(0, TOPK) * (NB // TOPK) + r) % NB
+        tl.store(ids_ptr + tl.arange(0, TOPK), ids)
+
+    @triton.jit
+    def _attend(kv_ptr, bt_ptr, req_ptr, ids_ptr, part_ptr, stride_cp, stride_ckv,
+                stride_cs, stride_bt, KS: tl.constexpr, KEYS: tl.constexpr,
+                PAGE: tl.constexpr, BLOCK: tl.constexpr, G: tl.constexpr, DIM: tl.constexpr):
+        pid = tl.program_id(0)
+        slot = pid // KS
+        key0 = (pid % KS) * KEYS
+        req = tl.load(req_ptr)
+        b = tl.load(ids_ptr + slot)
+        kpos = b * BLOCK + key0 + tl.arange(0, KEYS)
+        page = tl.load(bt_ptr + req * stride_bt + kpos // PAGE).to(tl.int64)
+        row = page * stride_cp + (kpos % PAGE) * stride_cs
+        cols = tl.arange(0, DIM)
+        k = tl.load(kv_ptr + row[:, None] + cols[None, :]).to(tl.float32)
+        v = tl.load(kv_ptr + stride_ckv + row[:, None] + cols[None, :]).to(tl.float32)
+        acc = tl.sum(k, axis=0) + tl.sum(v, axis=0)
+        part = tl.zeros([G, DIM], tl.float32) + acc[None, :]
+        tl.store(part_ptr + pid * G * DIM + tl.arange(0, G)[:, None] * DIM + cols[None, :],
+                 part)
+
+    @triton.jit
+    def _merge(part_ptr, out_ptr, S: tl.constexpr, G: tl.constexpr, DIM: tl.constexpr):
+        h = tl.program_id(0)
+        cols = tl.arange(0, DIM)
+        o = tl.load(part_ptr + tl.arange(0, S)[:, None] * G * DIM + h * DIM + cols[None, :])
+        tl.store(out_ptr + h * DIM + cols, tl.sum(o, axis=0).to(tl.bfloat16))
+
+    return _index, _select, _attend, _merge
+
+
+def sweep_latency_floor(timer, dev, index_block_topk, block_sparse_attention):
+    """Batch-1 decode: the MSA chain (index + top-k + attention + merge, the
+    defaults) against ``decode_skeleton_kernels``, the same reads in the same
+    dependent order in four launches without the math, graph-replayed with
+    each flush; the skeleton's attention with one program per block and with
+    4 key ranges per block (the key-split default).  What the chain costs
+    beyond the skeleton is its math and its launch shapes; the skeleton is
+    what this four-launch decomposition costs with none.  Contexts
+    ``LATENCY_FLOOR_CONTEXTS`` (default 8192,32768)."""
+    _index, _select, _attend, _merge = decode_skeleton_kernels()
+    out = []
+    for ctx in [int(c) for c in os.environ.get("LATENCY_FLOOR_CONTEXTS", "8192,32768").split(",")]:
+        bt = Batch([ctx], 1, 0, dev)
+        nb = ctx // B
+        sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+        o = torch.empty_like(bt.q)
+        scores = torch.empty(nb, device=dev)
+        ids = torch.empty(TOPK, dtype=torch.int32, device=dev)
+        so = torch.empty(HQ, D, dtype=torch.bfloat16, device=dev)
+
+        def msa():
+            index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos,
+                             B, TOPK, out=sel, num_decode_tokens=bt.T)
+            block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req, bt.token_pos,
+                                   sel, B, D ** -0.5, out=o)
+        runs = {"msa_default": msa}
+        for ks in (1, 4):
+            part = torch.empty(TOPK * ks, HQ, D, device=dev)
+
+            def skeleton(ks=ks, part=part):
+                _index[(nb,)](bt.idx_k, bt.block_table, bt.token_req, scores,
+                              bt.idx_k.stride(0), bt.block_table.stride(0),
+                              PAGES=B // PAGE, PAGE=PAGE, DIM=DIDX, num_warps=4)
+                _select[(1,)](scores, ids, NB=nb, TOPK=TOPK, num_warps=1)
+                _attend[(TOPK * ks,)](bt.kv, bt.block_table, bt.token_req, ids, part,
+                                      bt.kv.stride(0), bt.kv.stride(1), bt.kv.stride(2),
+                                      bt.block_table.stride(0), KS=ks, KEYS=B // ks,
+                                      PAGE=PAGE, BLOCK=B, G=HQ, DIM=D, num_warps=4)
+                _merge[(HQ,)](part, so, S=TOPK * ks, G=HQ, DIM=D, num_warps=1)
+            runs[f"skeleton_ks{ks}"] = skeleton
+        for name, fn in runs.items():
+            g = timer.graph(fn)
+            row = dict(kind="latency_floor", batch=1, context=ctx, chain=name,
+                       write_flush_us=timer.time_graph(g, "write"),
+                       read_flush_us=timer.time_graph(g, "read"),
+                       warm_us=timer.time_graph(g, False))
+            out.append(row)
+            print(f"[sweep] {row}", flush=True)
+        del bt
+    return out
+
+
 def copy_bandwidth(dev):
     n = 2 * 1024 ** 3
     src = torch.empty(n, dtype=torch.int8, device=dev)
@@ -915,7 +1034,8 @@ def distinct_per_tile(sel, tm):
 SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_index",
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
                "block_major", "decode_profile", "decode_variants", "decode_attn_warps",
-               "prefill_attn_profile", "index_tiles", "read_ceiling", "kv_dtype_parity")
+               "prefill_attn_profile", "index_tiles", "read_ceiling", "kv_dtype_parity",
+               "latency_floor")
 
 
 def env_shapes(name, default):
@@ -947,7 +1067,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    decode_attn_warps=sweep_decode_attn_warps,
                    prefill_attn_profile=sweep_prefill_attn_profile,
                    index_tiles=sweep_index_tiles, read_ceiling=sweep_read_ceiling,
-                   kv_dtype_parity=sweep_kv_dtype_parity)
+                   kv_dtype_parity=sweep_kv_dtype_parity, latency_floor=sweep_latency_floor)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)

@@ -897,6 +897,69 @@ def test_decode_chain_pdl_in_cuda_graph(one_launch):
         assert_counters_zero()
 
 
+def test_default_key_split_rule():
+    """Blocks split in key ranges only while the programs fit the SMs, in
+    ranges of whole 16-key tiles."""
+    from vllm.models.minimax_m3.common.triton_ops.attention import (DECODE_KEY_SPLIT,
+                                                                    default_key_split)
+    assert default_key_split(16, 128, 132) == DECODE_KEY_SPLIT  # batch 1, top-16
+    assert default_key_split(32, 128, 132) == DECODE_KEY_SPLIT  # batch 2
+    assert default_key_split(64, 128, 132) == 1  # batch 4: 256 programs
+    assert default_key_split(16, 32, 132) == 1  # 8-key ranges
+    assert default_key_split(16, 128, 4) == 1  # the CPU stand-in SM count
+
+
+@pytest.mark.parametrize("num_reqs", [1, 2])
+def test_decode_key_split_in_cuda_graph(num_reqs):
+    """Batch 1 and 2 at real shapes take the key-split launch by default
+    (every selected block over 4 programs, 64 partials per token): captured
+    with the index in one CUDA graph and replayed on fresh queries, it equals
+    the same launch run eagerly and matches one program per block."""
+    if not ON_GPU:
+        pytest.skip("needs a GPU: the key-split rule counts the GPU's SMs (the launch "
+                    "itself runs on CPU in test_block_sparse_attention_key_split)")
+    from vllm.models.minimax_m3.common.triton_ops._utils import num_sms
+    from vllm.models.minimax_m3.common.triton_ops.attention import default_key_split
+    seed = _seed()
+    Hq, Hkv, D, Didx, B, page, topk = SHAPES[0]
+    assert default_key_split(num_reqs * Hkv * topk, B, num_sms(DEVICE)) > 1
+    batch = Batch([(64 * B - 5, 1), (17 * B + 3, 1)][:num_reqs], page)
+    idx_k, _ = make_idx_cache(batch, Didx, torch.bfloat16)
+    kv, _, _, _, _ = make_kv_cache(batch, Hkv, D, torch.bfloat16, 0)
+    idx_q = torch.empty(batch.T, Hkv, Didx, device=DEVICE, dtype=torch.bfloat16)
+    q = torch.empty(batch.T, Hq, D, device=DEVICE, dtype=torch.bfloat16)
+    sel = torch.empty(batch.T, Hkv, topk, dtype=torch.int32, device=DEVICE)
+    out = torch.empty_like(q)
+
+    def chain(out, tune=None):
+        index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos, B,
+                         topk, out=sel, num_decode_tokens=batch.T)
+        block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos, sel,
+                               B, D ** -0.5, out=out, _tune=tune)
+
+    idx_q.normal_()
+    q.normal_()
+    chain(out)  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        chain(out)
+    eager, per_block = torch.empty_like(out), torch.empty_like(out)
+    atol, rtol = tol(torch.bfloat16)
+    for rep in range(3):
+        idx_q.normal_()
+        q.normal_()
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        chain(eager)
+        chain(per_block, dict(key_split=1))
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), f"[seed {seed} replay {rep}] graph and eager differ"
+        torch.testing.assert_close(out.float(), per_block.float(), atol=atol, rtol=rtol,
+                                   msg=lambda m: f"[seed {seed} replay {rep}] {m}")
+
+
 def test_block_sparse_attention_bad_input():
     batch = Batch([(4, 1)], 8)
     q = torch.randn(1, 4, 16, device=DEVICE)

@@ -120,6 +120,18 @@ def default_prefill_token_tile(max_context: int, sparse_block: int, topk: int,
 DECODE_KEY_SPLIT = 4
 
 
+def default_key_split(programs: int, sparse_block: int, sms: int) -> int:
+    """Key ranges per selected block for a per-token decode launch of
+    ``programs`` (tokens x KV heads x splits) programs that already split
+    every selection slot: ``DECODE_KEY_SPLIT`` when that many times the
+    programs still fit the ``sms`` SMs and the ranges stay multiples of 16
+    keys, else 1.  (The fused merge keeps 1: its last program would merge 4x
+    the partials, H200 run 32: attention 38.7 vs 15.7 us at 1 x 8k.)"""
+    if programs * DECODE_KEY_SPLIT <= sms and sparse_block % (16 * DECODE_KEY_SPLIT) == 0:
+        return DECODE_KEY_SPLIT
+    return 1
+
+
 # block-major prefill attention pays from about this many prefill tokens in a
 # batch; H200 run 9, chunks at the end of a 32k context, bf16 / fp8 KV:
 # 256 tokens 91 vs 53 us per token, 1024 165 vs 166, 2048 244 vs 307,
@@ -307,12 +319,8 @@ def block_sparse_attention(
     splits = cdiv(topk, slots)
     key_split = (_tune or {}).get("key_split")
     if key_split is None:
-        # (not with fused_merge: its last program would merge 4x the partials,
-        # H200 run 32: attention 38.7 vs 15.7 us at 1 x 8k)
-        key_split = (DECODE_KEY_SPLIT if num_splits is None and splits == topk
-                     and not fused_merge
-                     and T * HKV * splits * DECODE_KEY_SPLIT <= num_sms(device)
-                     and sparse_block % (16 * DECODE_KEY_SPLIT) == 0
+        key_split = (default_key_split(T * HKV * splits, sparse_block, num_sms(device))
+                     if num_splits is None and splits == topk and not fused_merge
                      and not (_tune or {}).get("prefetch_rows") else 1)
     key_split = int(key_split)
     if key_split < 1 or key_split & (key_split - 1) or sparse_block % (16 * key_split):
@@ -534,5 +542,5 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         )
 
 
-__all__ = ["block_major_tiles", "block_sparse_attention", "default_prefill_layout",
-           "default_prefill_token_tile"]
+__all__ = ["block_major_tiles", "block_sparse_attention", "default_key_split",
+           "default_prefill_layout", "default_prefill_token_tile"]
