@@ -1040,8 +1040,10 @@ SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_
 
 def env_shapes(name, default):
     """(batch, context) pairs from the environment variable ``name``, written
-    "BxC,BxC" (e.g. "32x8192,1x32768"), else from ``default``."""
-    return [tuple(int(v) for v in s.split("x")) for s in os.environ.get(name, default).split(",")]
+    "BxC,BxC" (e.g. "32x8192,1x32768"), else from ``default``; set but empty:
+    none."""
+    return [tuple(int(v) for v in s.split("x"))
+            for s in os.environ.get(name, default).split(",") if s]
 
 
 def checked_time(timer, run, check=lambda: None):
