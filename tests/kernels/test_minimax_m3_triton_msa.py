@@ -905,7 +905,8 @@ def test_default_key_split_rule():
     assert default_key_split(16, 128, 132) == DECODE_KEY_SPLIT  # batch 1, top-16
     assert default_key_split(32, 128, 132) == DECODE_KEY_SPLIT  # batch 2
     assert default_key_split(64, 128, 132) == 1  # batch 4: 256 programs
-    assert default_key_split(16, 32, 132) == 1  # 8-key ranges
+    assert default_key_split(16, 32, 132) == 2  # 16-key ranges, not 8
+    assert default_key_split(16, 16, 132) == 1
     assert default_key_split(16, 128, 4) == 1  # the CPU stand-in SM count
 
 

@@ -123,13 +123,18 @@ DECODE_KEY_SPLIT = 4
 def default_key_split(programs: int, sparse_block: int, sms: int) -> int:
     """Key ranges per selected block for a per-token decode launch of
     ``programs`` (tokens x KV heads x splits) programs that already split
-    every selection slot: ``DECODE_KEY_SPLIT`` when that many times the
-    programs still fit the ``sms`` SMs and the ranges stay multiples of 16
-    keys, else 1.  (The fused merge keeps 1: its last program would merge 4x
-    the partials, H200 run 32: attention 38.7 vs 15.7 us at 1 x 8k.)"""
-    if programs * DECODE_KEY_SPLIT <= sms and sparse_block % (16 * DECODE_KEY_SPLIT) == 0:
-        return DECODE_KEY_SPLIT
-    return 1
+    every selection slot: when ``DECODE_KEY_SPLIT`` times the programs still
+    fit the ``sms`` SMs, the largest power of two up to ``DECODE_KEY_SPLIT``
+    that leaves ranges of a multiple of 16 keys (4 for 128-key blocks, 2 for
+    the 32-key blocks of test configs), else 1.  (The fused merge keeps 1:
+    its last program would merge 4x the partials, H200 run 32: attention
+    38.7 vs 15.7 us at 1 x 8k.)"""
+    if programs * DECODE_KEY_SPLIT > sms:
+        return 1
+    split = DECODE_KEY_SPLIT
+    while split > 1 and sparse_block % (16 * split):
+        split //= 2
+    return split
 
 
 # block-major prefill attention pays from about this many prefill tokens in a
