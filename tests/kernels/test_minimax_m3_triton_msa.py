@@ -696,12 +696,26 @@ def test_block_sparse_attention_token_tiles(case, selection):
                                   f"start {start}] {m}")
 
 
+# launch variants of the per-token kernel: name -> its keyword arguments, for a
+# sparse block of B keys
+PER_TOKEN_VARIANTS = {
+    # the next key tile's selection slot and pages resolved one tile ahead, with
+    # one and with two key tiles per sparse block, the selection split or not
+    "prefetch_rows": lambda B: [dict(num_splits=s, _tune=dict(prefetch_rows=True, BLOCK_N=n))
+                                for n, s in ((B, 1), (B // 2, 1), (B // 2, 2))],
+    # every selected block split into key ranges, one program each, merged with
+    # the other splits by log-sum-exp in the merge launch or the fused merge
+    "key_split": lambda B: [dict(num_splits=1, _tune=dict(key_split=2)),
+                            dict(num_splits=2, fused_merge=True, _tune=dict(key_split=2)),
+                            dict(_tune=dict(key_split=B // 16))],
+}
+
+
+@pytest.mark.parametrize("variant", list(PER_TOKEN_VARIANTS))
 @pytest.mark.parametrize("case", ["short", "mixed"])
-def test_block_sparse_attention_prefetch_rows(case):
-    """``_tune={"prefetch_rows": True}``: the per-token kernel that resolves
-    the next key tile's slot and pages one tile ahead equals the oracle, every
-    KV scale mode, with one and with several key tiles per sparse block and
-    with the selection split over programs."""
+def test_block_sparse_attention_per_token_variants(case, variant):
+    """Each launch variant of the per-token kernel (``PER_TOKEN_VARIANTS``)
+    equals the oracle, every KV scale mode."""
     seed = _seed()
     dtype = DTYPES[-1]
     Hq, Hkv, D, _, B, page, topk = SHAPES[1]  # sparse block 32 on CPU: two 16-key tiles
@@ -711,45 +725,14 @@ def test_block_sparse_attention_prefetch_rows(case):
     scale = D ** -0.5
     for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
             batch, q, sel, Hkv, D, B, dtype):
-        for block_n, splits in ((B, 1), (B // 2, 1), (B // 2, 2)):
+        for kw in PER_TOKEN_VARIANTS[variant](B):
             out = torch.full_like(q, float("nan"))
             got = block_sparse_attention(
                 q, kv, batch.block_table, batch.token_req, batch.token_pos, sel, B, scale,
-                mode, ks, vs, kvs, fold_scalar_scales=fold, out=out, num_splits=splits,
-                _tune=dict(prefetch_rows=True, BLOCK_N=block_n))
+                mode, ks, vs, kvs, fold_scalar_scales=fold, out=out, **kw)
             torch.testing.assert_close(
                 got.double(), ref, atol=atol, rtol=rtol,
-                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} BLOCK_N {block_n} "
-                              f"splits {splits}] {m}")
-
-
-@pytest.mark.parametrize("case", ["short", "mixed"])
-def test_block_sparse_attention_key_split(case):
-    """``_tune={"key_split": n}``: every selected block split into n key
-    ranges, one program each, merged with the other splits by log-sum-exp
-    (merge launch and fused merge) equals the oracle, every KV scale mode."""
-    seed = _seed()
-    dtype = DTYPES[-1]
-    Hq, Hkv, D, _, B, page, topk = SHAPES[1]  # sparse block 32 on CPU: ranges of 16 keys
-    batch = Batch(ATTN_CASES[case](B), page)
-    sel = random_selection(batch, Hkv, topk, B)
-    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
-    scale = D ** -0.5
-    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
-            batch, q, sel, Hkv, D, B, dtype):
-        for key_split, splits, fused in ((2, 1, False), (2, 2, True), (B // 16, None, False)):
-            out = torch.full_like(q, float("nan"))
-            got = block_sparse_attention(
-                q, kv, batch.block_table, batch.token_req, batch.token_pos, sel, B, scale,
-                mode, ks, vs, kvs, fold_scalar_scales=fold, out=out, num_splits=splits,
-                fused_merge=fused, _tune=dict(key_split=key_split))
-            torch.testing.assert_close(
-                got.double(), ref, atol=atol, rtol=rtol,
-                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} key_split {key_split} "
-                              f"splits {splits} fused {fused}] {m}")
-    with pytest.raises(ValueError, match="key_split"):
-        block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
-                               sel, B, scale, mode, ks, vs, kvs, _tune=dict(key_split=3))
+                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} {kw}] {m}")
 
 
 def test_block_sparse_attention_token_tile_must_be_pow2():
@@ -846,6 +829,19 @@ def test_pdl_switch_and_rule(monkeypatch):
         _utils.use_pdl(cuda, {}, 1)
 
 
+def decode_chain_buffers(batch):
+    """bf16 caches and buffers of a decode chain at ``SHAPES[0]``: (index-key
+    cache, KV cache, index queries, queries, selection, output); the queries
+    and outputs are left for the test to fill."""
+    Hq, Hkv, D, Didx, _, _, topk = SHAPES[0]
+    idx_k, _ = make_idx_cache(batch, Didx, torch.bfloat16)
+    kv, _, _, _, _ = make_kv_cache(batch, Hkv, D, torch.bfloat16, 0)
+    idx_q = torch.empty(batch.T, Hkv, Didx, device=DEVICE, dtype=torch.bfloat16)
+    q = torch.empty(batch.T, Hq, D, device=DEVICE, dtype=torch.bfloat16)
+    sel = torch.empty(batch.T, Hkv, topk, dtype=torch.int32, device=DEVICE)
+    return idx_k, kv, idx_q, q, sel, torch.empty_like(q)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a CUDA GPU "
                     "(sm90+); on the H200: ci/gpu_series_tests.sh kernels")
 @pytest.mark.parametrize("one_launch", [False, True])
@@ -861,12 +857,7 @@ def test_decode_chain_pdl_in_cuda_graph(one_launch):
     seed = _seed()
     Hq, Hkv, D, Didx, B, page, topk = SHAPES[0]
     batch = Batch([(40 * B + 3, 1), (7 * B, 1), (300 * B - 1, 1), (B // 2, 1)] * 8, page)
-    idx_k, _ = make_idx_cache(batch, Didx, torch.bfloat16)
-    kv, _, _, _, _ = make_kv_cache(batch, Hkv, D, torch.bfloat16, 0)
-    idx_q = torch.empty(batch.T, Hkv, Didx, device=DEVICE, dtype=torch.bfloat16)
-    q = torch.empty(batch.T, Hq, D, device=DEVICE, dtype=torch.bfloat16)
-    sel = torch.empty(batch.T, Hkv, topk, dtype=torch.int32, device=DEVICE)
-    out = torch.empty_like(q)
+    idx_k, kv, idx_q, q, sel, out = decode_chain_buffers(batch)
 
     def chain(sel, out, tune):
         index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos, B,
@@ -918,19 +909,14 @@ def test_decode_key_split_in_cuda_graph(num_reqs):
     the same launch run eagerly and matches one program per block."""
     if not ON_GPU:
         pytest.skip("needs a GPU: the key-split rule counts the GPU's SMs (the launch "
-                    "itself runs on CPU in test_block_sparse_attention_key_split)")
+                    "itself runs on CPU in test_block_sparse_attention_per_token_variants)")
     from vllm.models.minimax_m3.common.triton_ops._utils import num_sms
     from vllm.models.minimax_m3.common.triton_ops.attention import default_key_split
     seed = _seed()
     Hq, Hkv, D, Didx, B, page, topk = SHAPES[0]
     assert default_key_split(num_reqs * Hkv * topk, B, num_sms(DEVICE)) > 1
     batch = Batch([(64 * B - 5, 1), (17 * B + 3, 1)][:num_reqs], page)
-    idx_k, _ = make_idx_cache(batch, Didx, torch.bfloat16)
-    kv, _, _, _, _ = make_kv_cache(batch, Hkv, D, torch.bfloat16, 0)
-    idx_q = torch.empty(batch.T, Hkv, Didx, device=DEVICE, dtype=torch.bfloat16)
-    q = torch.empty(batch.T, Hq, D, device=DEVICE, dtype=torch.bfloat16)
-    sel = torch.empty(batch.T, Hkv, topk, dtype=torch.int32, device=DEVICE)
-    out = torch.empty_like(q)
+    idx_k, kv, idx_q, q, sel, out = decode_chain_buffers(batch)
 
     def chain(out, tune=None):
         index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos, B,
@@ -969,6 +955,9 @@ def test_block_sparse_attention_bad_input():
     with pytest.raises(ValueError, match="kv_scale_mode 1"):
         block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
                                sel, 16, 1.0, kv_scale_mode=1)
+    with pytest.raises(ValueError, match="key_split"):
+        block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
+                               sel, 16, 1.0, _tune=dict(key_split=3))
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         block_sparse_attention(torch.randn(1, 3, 16, device=DEVICE), kv.expand(-1, -1, -1, 2, -1),
                                batch.block_table, batch.token_req, batch.token_pos,
