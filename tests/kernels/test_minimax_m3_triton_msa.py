@@ -487,9 +487,9 @@ def test_decode_attention_selects_from_block_scores(shape):
     for mode in (0, 2):
         kv, ks, vs, kvs, _ = make_kv_cache(batch, Hkv, D, dtype, mode)
         # (and each block over two programs, where that leaves 16-key ranges)
-        key_split = (dict(num_splits=2, _tune=dict(key_split=2)),) if B % 32 == 0 else ()
+        split_blocks = (dict(num_splits=2, _tune=dict(key_split=2)),) if B % 32 == 0 else ()
         for kw in (dict(), dict(num_splits=1), dict(num_splits=3),
-                   dict(num_splits=2, fused_merge=True)) + key_split:
+                   dict(num_splits=2, fused_merge=True)) + split_blocks:
             ref = block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, mode, ks, vs, kvs,
                                          **kw)
             out = torch.full_like(q, float("nan"))
