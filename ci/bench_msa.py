@@ -77,6 +77,32 @@ def load_kernels():
     return mod.index_block_topk, mod.block_sparse_attention, f"{pkg} (vllm import failed: {err})"
 
 
+def score_attend_fn(block_sparse_attention, name="score_attend_decode"):
+    """``score_attend_decode`` (or ``name``: ``score_attend_fits``) from the
+    package ``block_sparse_attention`` came from."""
+    pkg = sys.modules[block_sparse_attention.__module__].__name__.rsplit(".", 1)[0]
+    return getattr(importlib.import_module(f"{pkg}.short_decode"), name)
+
+
+def engine_takes_score_attend(block_sparse_attention, bt, dev):
+    """The engine's decode path for this decode batch (``MiniMaxM3SparseImpl.
+    _takes_score_attend`` with the block table's width): two launches when
+    ``score_attend_fits``, else the four-launch chain."""
+    from torch.cuda import get_device_properties
+    sms = get_device_properties(dev).multi_processor_count
+    max_blocks = -(-bt.block_table.shape[1] * PAGE // B)
+    return score_attend_fn(block_sparse_attention, "score_attend_fits")(bt.T, HKV, max_blocks,
+                                                                        sms)
+
+
+def score_attend_step(block_sparse_attention, bt, kv_mode, out):
+    """A callable running ``score_attend_decode`` on the decode batch ``bt``."""
+    fn = score_attend_fn(block_sparse_attention)
+    return lambda: fn(bt.idx_q, bt.idx_k, bt.q, bt.kv, bt.block_table, bt.token_req,
+                      bt.token_pos, B, TOPK, 1, 0, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale,
+                      bt.kv_scales, out=out)
+
+
 # ----------------------------------------------------------------------------
 # inputs
 # ----------------------------------------------------------------------------
@@ -740,6 +766,25 @@ def bench(args):
                     row["index_topk_clean_us"] = timer.time_graph(g_idx, "read")
                     row["attention_clean_us"] = timer.time_graph(g_attn, "read")
                     row["total_clean_us"] = timer.time_graph(g_tot, "read")
+                    # the engine's path: the chain above, or for batch 1-2 over at most
+                    # 64 blocks the two launches of score_attend_decode ("total" is the
+                    # engine's; "total chain" the four launches)
+                    row["total_chain_us"] = row["total_us"]
+                    row["total_chain_clean_us"] = row["total_clean_us"]
+                    row["path"] = "chain"
+                    if engine_takes_score_attend(block_sparse_attention, bt, dev):
+                        o_sa = torch.full_like(o, float("nan"))
+                        sa = score_attend_step(block_sparse_attention, bt, kv_mode, o_sa)
+                        sa()
+                        attn()
+                        torch.cuda.synchronize()
+                        row["score_attend_max_diff"] = float((o_sa.float() - o.float())
+                                                             .abs().max())
+                        g_sa = timer.graph(sa)
+                        row["path"] = "score_attend"
+                        row["total_us"] = timer.time_graph(g_sa)
+                        row["total_warm_us"] = timer.time_graph(g_sa, flush=False)
+                        row["total_clean_us"] = timer.time_graph(g_sa, "read")
                     # the one-launch decode index (fused select): same ids, own timing
                     sel_f = torch.full_like(sel, -7)
 
@@ -1214,7 +1259,13 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
                 ("key_split4", {}, dict(key_split=4), False, "kernel"),
                 ("key_split2_4warps", {}, dict(key_split=2, num_warps=4), False, "kernel"),
                 ("key_split2_8warps", {}, dict(key_split=2, num_warps=8), False, "kernel"),
-                ("key_split2_pdl", dict(pdl=True), dict(key_split=2, pdl=True), False, "kernel"))
+                ("key_split2_pdl", dict(pdl=True), dict(key_split=2, pdl=True), False, "kernel"),
+                # every visible block scored and attended, the top-k merged: two
+                # launches (score_attend_decode; rows of <= 64 blocks)
+                ("score_attend", {}, {}, False, "score_attend"),
+                ("score_attend_ks1", {}, dict(key_split=1), False, "score_attend"),
+                ("score_attend_ks2", {}, dict(key_split=2), False, "score_attend"),
+                ("score_attend_w8", {}, dict(num_warps=8), False, "score_attend"))
     if os.environ.get("DECODE_VARIANTS"):  # a comma-separated subset of the names
         keep = os.environ["DECODE_VARIANTS"].split(",")
         variants = tuple(v for v in variants if v[0] in keep or v[0] == "default")
@@ -1227,12 +1278,18 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
         ref_sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         ref_o = torch.empty_like(bt.q)
         for name, itune, atune, fused, select in variants:
-            if select == "attention" and ctx > 64 * B:
+            if select in ("attention", "score_attend") and ctx > 64 * B:
                 continue  # rows of more than 64 blocks go through the top-k ids
             sel = torch.full_like(ref_sel, -7)
             o = torch.full_like(ref_o, float("nan"))
 
             def chain(sel=sel, o=o, itune=itune, atune=atune, fused=fused, select=select):
+                if select == "score_attend":
+                    score_attend_fn(block_sparse_attention)(
+                        bt.idx_q, bt.idx_k, bt.q, bt.kv, bt.block_table, bt.token_req,
+                        bt.token_pos, B, TOPK, 1, 0, D ** -0.5, kv_mode, bt.k_scale,
+                        bt.v_scale, bt.kv_scales, out=o, _tune=atune)
+                    return
                 ids = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                        bt.token_pos, B, TOPK, out=sel, num_decode_tokens=bt.T,
                                        fused_select=select == "fused",
@@ -1248,7 +1305,7 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
                 if name == "default":
                     ref_sel.copy_(sel)
                     ref_o.copy_(o)
-                same_sel = (None if select == "attention"  # (no ids written)
+                same_sel = (None if select in ("attention", "score_attend")  # (no ids)
                             else bool(torch.equal(sel.sort(-1).values, ref_sel.sort(-1).values)))
                 diff = float((o.float() - ref_o.float()).abs().max())
                 g = timer.graph(chain)
@@ -1285,7 +1342,7 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
                                                          "8192x8192,8192x32768")]
     out = []
     for phase, n, ctx in shapes:
-        graphs = {}
+        graphs, paths = {}, {}
         for kv_name, kv_mode, tune in kinds:
             if tune and phase != "decode":
                 continue
@@ -1296,7 +1353,17 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
             layout = ({} if phase == "decode"
                       else default_layout(block_sparse_attention, n, ctx, kv_mode != 0))
 
-            def step(bt=bt, sel=sel, o=o, kv_mode=kv_mode, layout=layout, tune=tune):
+            # the engine's path (two launches for batch 1-2 over <= 64 blocks); the
+            # PARITY_EXTRA variants tune the chain's attention
+            sa = (score_attend_step(block_sparse_attention, bt, kv_mode, o)
+                  if phase == "decode" and not tune
+                  and engine_takes_score_attend(block_sparse_attention, bt, dev) else None)
+
+            paths[kv_name] = "score_attend" if sa is not None else "chain"
+
+            def step(bt=bt, sel=sel, o=o, kv_mode=kv_mode, layout=layout, tune=tune, sa=sa):
+                if sa is not None:
+                    return sa()
                 index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                  bt.token_pos, B, TOPK, out=sel,
                                  num_decode_tokens=bt.T if phase == "decode" else 0)
@@ -1312,7 +1379,8 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
             for k, (g, _) in graphs.items():
                 per_round[k].append(timer.time_graph(g))
         row = dict(kind="kv_dtype_parity", phase=phase, tokens=n, context=ctx, rounds=rounds,
-                   tunes={k: t for k, _, t in kinds if k in graphs and t}, us=per_round,
+                   tunes={k: t for k, _, t in kinds if k in graphs and t}, paths=paths,
+                   us=per_round,
                    median_us={k: statistics.median(v) for k, v in per_round.items()})
         for k in per_round:
             if k == "bf16":
@@ -1885,17 +1953,25 @@ def to_markdown(res):
     L += ["", "KV: bf16; fp8 = e4m3 with scalar per-layer scales; fp8-pth = e4m3 with "
           "per-token-head scales (their bytes are in the floor).",
           "", "## Decode (microseconds)", "",
-          "| batch | context | KV | index+top-k | attention | total | floor | total/floor | dense "
+          "total = the engine's path: `chain` (index+top-k then attention: four "
+          "launches) or `score_attend` (batch 1-2 over at most 64 blocks: every visible "
+          "block scored and attended, the top-k merged; two launches); total chain = the "
+          "four launches.", "",
+          "| batch | context | KV | index+top-k | attention | total | path | total chain "
+          "| floor | total/floor | dense "
           "| index+top-k fp8-idx | floor fp8-idx | fp8-idx overlap "
           "| index+top-k fused select | attention fused merge | total fused "
           "| attention fp8 unfolded | index+top-k PDL | attention PDL | total PDL "
           "| total PDL / floor |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res.get("decode", []):
         ratio = (r["total_us"] / r["floor_us"]) if "total_us" in r and "floor_us" in r else None
         L.append(f"| {r['batch']} | {r['context'] // 1024}k | {r['kv']} | "
                  f"{_f(r.get('index_topk_us'))} | {_f(r.get('attention_us'))} | "
-                 f"{_f(r.get('total_us'))} | {_f(r.get('floor_us'))} | {_f(ratio, 2)} | "
+                 f"{_f(r.get('total_us'))}"
+                 f"{'' if r.get('score_attend_max_diff', 0.0) < 1e-2 else ' (output DIFFERS)'} | "
+                 f"{r.get('path', 'chain')} | {_f(r.get('total_chain_us'))} | "
+                 f"{_f(r.get('floor_us'))} | {_f(ratio, 2)} | "
                  f"{_f(r.get('dense_us'))} | {_f(r.get('index_topk_fp8idx_us'))} | "
                  f"{_f(r.get('floor_fp8idx_us'))} | {_f(r.get('fp8idx_topk_overlap'), 3)} | "
                  f"{_f(r.get('index_topk_fused_us'))}"
@@ -1927,15 +2003,16 @@ def to_markdown(res):
                          f"{_f(v.get('read_flush_16k_us'))} |")
     if any("total_clean_us" in r for r in res.get("decode", [])):
         L += ["", "## Decode with a clean L2 (flushed by a 256 MiB read; microseconds)", "",
-              "| batch | context | KV | index+top-k | attention | total | total PDL | floor "
-              "| total/floor | PDL/floor | index+top-k fp8-idx |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| batch | context | KV | index+top-k | attention | total | path | total chain "
+              "| total PDL | floor | total/floor | PDL/floor | index+top-k fp8-idx |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res.get("decode", []):
             fl = r.get("floor_us")
             tc, tp = r.get("total_clean_us"), r.get("total_pdl_clean_us")
             L.append(f"| {r['batch']} | {r['context'] // 1024}k | {r['kv']} | "
                      f"{_f(r.get('index_topk_clean_us'))} | {_f(r.get('attention_clean_us'))} | "
-                     f"{_f(tc)} | {_f(tp)} | {_f(fl)} | "
+                     f"{_f(tc)} | {r.get('path', 'chain')} | {_f(r.get('total_chain_clean_us'))} | "
+                     f"{_f(tp)} | {_f(fl)} | "
                      f"{_f(tc / fl if tc and fl else None, 2)} | "
                      f"{_f(tp / fl if tp and fl else None, 2)} | "
                      f"{_f(r.get('index_topk_fp8idx_clean_us'))} |")

@@ -36,7 +36,7 @@ export PYTHONPATH="$shim"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__,
   torch.cuda.get_device_name(0))" | tee "$OUT/env.txt"
 
-TEST_FILES="tests/kernels/test_minimax_m3_triton_msa.py vllm_overlay/tests/kernels/test_minimax_m3_sparse_attn_fp8_scale.py"
+TEST_FILES="tests/kernels/test_minimax_m3_triton_msa.py tests/kernels/test_minimax_m3_score_attend.py vllm_overlay/tests/kernels/test_minimax_m3_sparse_attn_fp8_scale.py"
 PYTEST=(python3 -m pytest -q -rs -p no:cacheprovider --durations=25)
 SELECT=()
 if [ -n "${PYTEST_K:-}" ]; then SELECT=(-k "$PYTEST_K"); fi

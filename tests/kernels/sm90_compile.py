@@ -25,6 +25,8 @@ from vllm.models.minimax_m3.common.triton_ops.index_topk_prefill import (  # noq
     index_topk_prefill_kernel)
 from vllm.models.minimax_m3.common.triton_ops.index_topk_select import (  # noqa: E402
     block_topk_select_kernel)
+from vllm.models.minimax_m3.common.triton_ops.score_attend_decode import (  # noqa: E402
+    score_attend_block_kernel, score_attend_merge_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_merge import (  # noqa: E402
     sparse_attn_merge_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major import (  # noqa: E402
@@ -246,6 +248,31 @@ def main():
     assert len(cubin) > 0
     print("compiled block_topk_select_kernel and sparse_attn_merge_kernel PDL=True", flush=True)
     done += 2
+    # the two-launch decode of batch 1-2 over 64-block tables (score_attend_decode):
+    # every scale mode with 4 key ranges per block, bf16 and fp8 index keys, one range
+    for mode, idx_keys, split in ((0, "*bf16", 4), (1, "*bf16", 4), (2, "*bf16", 4),
+                                  (3, "*bf16", 4), (0, "*fp8e4nv", 4), (0, "*bf16", 1)):
+        ptrs = dict(idx_q_ptr="*bf16", idx_k_ptr=idx_keys, idx_ks_ptr="*fp32", q_ptr="*bf16",
+                    kv_ptr="*bf16" if mode == 0 else "*fp8e4nv", bt_ptr="*i32",
+                    req_ptr="*i32", pos_ptr="*i32", scores_ptr="*fp32", part_o_ptr="*fp32",
+                    part_lse_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
+                    kvs_ptr="*fp32")
+        cubin = compile_kernel(score_attend_block_kernel, ptrs, dict(
+            HQ=16, G=16, G_PAD=16, D=128, D_PAD=128, DI=128, DI_PAD=128, SPARSE_BLOCK=128,
+            IDX_BLOCK_N=128 // split, KEY_SPLIT=split, BLOCK_N=128 // split, PAGE_SIZE=64,
+            LOCAL=1, INIT=0, K_SCALED=idx_keys != "*bf16", SCALE_MODE=mode, IEEE=False,
+            FP16_MMA=mode != 0), 4)
+        assert len(cubin) > 0
+        print(f"compiled score_attend_block_kernel mode {mode} index keys {idx_keys} "
+              f"KEY_SPLIT={split} ({len(cubin)} B cubin)", flush=True)
+        done += 1
+    cubin = compile_kernel(score_attend_merge_kernel, dict(
+        scores_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32", pos_ptr="*i32",
+        out_ptr="*bf16"), dict(HQ=16, G=16, TOPK=16, TOPK_PAD=16, NB_PAD=64, KEY_SPLIT=4,
+                               SPARSE_BLOCK=128, D=128, D_PAD=128), 4)
+    assert len(cubin) > 0
+    print(f"compiled score_attend_merge_kernel ({len(cubin)} B cubin)", flush=True)
+    done += 1
     print(f"ok {done} kernels")
     return 0
 

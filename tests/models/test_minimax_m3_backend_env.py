@@ -4,6 +4,8 @@ anything but 0 / 1.
   VLLM_MINIMAX_M3_FOLD_KV_SCALE (default 1): fold scalar FP8 KV scales.
   VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE (default 0): fused top-k select and split
   merge in the Triton decode kernels.
+  VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE (default 1): small decode batches over short
+  block tables in two launches (score_attend_decode).
   VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE (unset: by context length): token tiles in the Triton
   prefill attention.
   VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR (unset: by the number of prefill tokens): block-major
@@ -13,7 +15,8 @@ anything but 0 / 1.
 import pytest
 
 SWITCHES = {"VLLM_MINIMAX_M3_FOLD_KV_SCALE": ("fold_scalar_kv_scales", True),
-            "VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE": ("one_launch_decode", False)}
+            "VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE": ("one_launch_decode", False),
+            "VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE": ("score_attend_decode_enabled", True)}
 
 
 @pytest.mark.parametrize("name", sorted(SWITCHES))
@@ -122,3 +125,29 @@ def test_prefill_block_major(monkeypatch):
         monkeypatch.setenv(name, value)
         with pytest.raises(ValueError, match=f"{name} must be 0 or a power of two"):
             backend.prefill_block_major()
+
+
+def test_takes_score_attend():
+    """The engine's decode path: ``score_attend_decode`` for decode-only
+    batches that ``score_attend_fits`` (on CPU the SM
+    count stand-in is 4: one token over a 4-block table); else the chain, and
+    always the chain when the switch is off."""
+    import torch
+
+    from vllm.models.minimax_m3.common import backend
+
+    impl = backend.MiniMaxM3SparseImpl.__new__(backend.MiniMaxM3SparseImpl)
+    impl.sparse_block, impl.num_kv_heads, impl.score_attend = 32, 1, True
+
+    def takes(T, num_decode, reqs=1, pages=8):
+        md = backend.MiniMaxM3SparseMetadata(
+            T, torch.zeros((reqs, pages), dtype=torch.int32), None, None, None, None,
+            num_decode, 100)
+        return impl._takes_score_attend(md, 16, torch.device("cpu"))
+    assert takes(1, 1)  # 8 pages of 16 = 4 blocks of 32
+    assert not takes(1, 0)  # a prefill token
+    assert not takes(1, 1, pages=10)  # 5 blocks: 5 programs > 4 SMs
+    assert not takes(2, 2, reqs=2)  # 8 programs
+    assert not takes(0, 0)
+    impl.score_attend = False
+    assert not takes(1, 1)

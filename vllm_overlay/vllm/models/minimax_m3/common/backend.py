@@ -98,6 +98,16 @@ def one_launch_decode() -> bool:
     return _env_flag("VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE", "0")
 
 
+def score_attend_decode_enabled() -> bool:
+    """``VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE`` (default 1): decode-only batches
+    that ``triton_ops.score_attend_fits`` (batch 1-2 over block tables of at
+    most 64 sparse blocks) run the whole sparse step in two launches
+    (``score_attend_decode``: every visible block scored and attended, the
+    top-k merged) instead of the four of the decode chain; 0 keeps the chain.
+    Not with ``VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1``, which asks for the chain."""
+    return _env_flag("VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE", "1")
+
+
 def _env_pow2(name: str, unset: str) -> int | None:
     """An environment setting that is 0 or a power of two up to 16; None when
     unset or empty (``unset`` says what the engine does then)."""
@@ -391,6 +401,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         self.init_blocks = init_blocks
         self.fold_scalar_scales = fold_scalar_kv_scales()
         self.one_launch = one_launch_decode()
+        self.score_attend = score_attend_decode_enabled() and not self.one_launch
         self.prefill_token_tile = prefill_token_tile()
         self.prefill_block_major = prefill_block_major()
         self._ops: SparseOps | None = None
@@ -439,6 +450,15 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             k[:T], v[:T], idx_k[:T], kv_cache, idx_cache, md.slot_mapping,
             k_scale, v_scale, kv_scales, idx_scales=idx_scales,
         )
+        if ops.triton and self._takes_score_attend(md, page_size, q.device):
+            from vllm.models.minimax_m3.common.triton_ops import score_attend_decode
+
+            output[:T] = score_attend_decode(
+                idx_q[:T], idx_cache, q[:T], kv_cache, md.block_table, md.token_req,
+                md.token_pos, self.sparse_block, self.topk_blocks, self.local_blocks,
+                self.init_blocks, self.scale, mode, k_scale, v_scale, kv_scales,
+                idx_k_scales=idx_scales, fold_scalar_scales=self.fold_scalar_scales)
+            return output
         topk = ops.index_block_topk(
             idx_q[:T],
             idx_cache,
@@ -474,6 +494,18 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         )
         output[:T] = out
         return output
+
+    def _takes_score_attend(self, md: MiniMaxM3SparseMetadata, page_size: int,
+                            device: torch.device) -> bool:
+        """A decode-only batch that ``score_attend_fits`` (static sizes: a
+        captured graph keeps its path)."""
+        from vllm.models.minimax_m3.common.triton_ops import score_attend_fits
+        from vllm.models.minimax_m3.common.triton_ops._utils import num_sms
+
+        T = md.num_actual_tokens
+        max_blocks = -(-md.block_table.shape[1] * page_size // self.sparse_block)
+        return (self.score_attend and md.num_decode_tokens >= T
+                and score_attend_fits(T, self.num_kv_heads, max_blocks, num_sms(device)))
 
     def _prefill_layout(self, md: MiniMaxM3SparseMetadata, kv_fp8: bool) -> dict:
         """The Triton attention's layout for the batch's prefill tokens

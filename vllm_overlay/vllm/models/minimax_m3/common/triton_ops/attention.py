@@ -26,6 +26,28 @@ _FP8_DTYPES = tuple(
 
 def _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
               kv_scale_mode, k_scale, v_scale, kv_scales, select_topk=0):
+    validate_attention_inputs(q, kv_cache, block_table, token_req, token_pos, sparse_block,
+                              kv_scale_mode, k_scale, v_scale, kv_scales)
+    T, HKV = q.shape[0], kv_cache.shape[3]
+    if select_topk:
+        if (topk_blocks.dim() != 3 or topk_blocks.shape[:2] != (T, HKV)
+                or topk_blocks.dtype != torch.float32 or topk_blocks.stride(2) != 1
+                or not 1 <= topk_blocks.shape[2] <= SELECT_MAX_BLOCKS):
+            raise ValueError(
+                f"select_topk needs the index's block scores as float32 [{T}, {HKV}, n] with "
+                f"n <= {SELECT_MAX_BLOCKS} blocks, contiguous in the last dim "
+                f"(index_block_topk(..., return_scores=True)), got {tuple(topk_blocks.shape)} "
+                f"{topk_blocks.dtype}; longer rows need the top-k ids")
+    elif (topk_blocks.dim() != 3 or topk_blocks.shape[:2] != (T, HKV)
+            or topk_blocks.dtype != torch.int32 or topk_blocks.stride(2) != 1):
+        raise ValueError(f"topk_blocks must be int32 [{T}, {HKV}, topk] contiguous in the last "
+                         f"dim, got {tuple(topk_blocks.shape)} {topk_blocks.dtype}")
+
+
+def validate_attention_inputs(q, kv_cache, block_table, token_req, token_pos, sparse_block,
+                              kv_scale_mode, k_scale, v_scale, kv_scales):
+    """The checks of ``block_sparse_attention``'s inputs other than the
+    selection: shapes, dtypes and the fp8 scale arguments of each mode."""
     if q.dim() != 3:
         raise ValueError(f"q must be [num_tokens, num_q_heads, head_dim], got {tuple(q.shape)}")
     if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
@@ -42,19 +64,6 @@ def _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, spars
     check_block_table(block_table)
     check_int32_vector("token_req", token_req, T)
     check_int32_vector("token_pos", token_pos, T)
-    if select_topk:
-        if (topk_blocks.dim() != 3 or topk_blocks.shape[:2] != (T, HKV)
-                or topk_blocks.dtype != torch.float32 or topk_blocks.stride(2) != 1
-                or not 1 <= topk_blocks.shape[2] <= SELECT_MAX_BLOCKS):
-            raise ValueError(
-                f"select_topk needs the index's block scores as float32 [{T}, {HKV}, n] with "
-                f"n <= {SELECT_MAX_BLOCKS} blocks, contiguous in the last dim "
-                f"(index_block_topk(..., return_scores=True)), got {tuple(topk_blocks.shape)} "
-                f"{topk_blocks.dtype}; longer rows need the top-k ids")
-    elif (topk_blocks.dim() != 3 or topk_blocks.shape[:2] != (T, HKV)
-            or topk_blocks.dtype != torch.int32 or topk_blocks.stride(2) != 1):
-        raise ValueError(f"topk_blocks must be int32 [{T}, {HKV}, topk] contiguous in the last "
-                         f"dim, got {tuple(topk_blocks.shape)} {topk_blocks.dtype}")
     if sparse_block <= 0 or sparse_block % page_size != 0:
         raise ValueError(f"sparse_block ({sparse_block}) must be a positive multiple of the KV "
                          f"cache page size ({page_size})")

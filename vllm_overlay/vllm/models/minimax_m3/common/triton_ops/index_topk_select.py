@@ -65,6 +65,17 @@ def row_ranks(vals_ptr, row, n_valid, n_cols, TOPK: tl.constexpr, CHUNK: tl.cons
 
 
 @triton.jit
+def vector_ranks(v, TOPK: tl.constexpr):
+    """``row_ranks`` of a row already in registers, ``v`` [N] float32 (-inf:
+    not a candidate): (rank [N] int32, chosen [N] bool)."""
+    offs = tl.arange(0, v.shape[0])
+    ahead = (v[None, :] > v[:, None]) | ((v[None, :] == v[:, None])
+                                         & (offs[None, :] < offs[:, None]))
+    rank = tl.sum(ahead.to(tl.int32), axis=1)
+    return rank, (rank < TOPK) & (v > float("-inf"))
+
+
+@triton.jit
 def rank_topk_row(vals_ptr, row, n_valid, n_cols, out_row_ptr, TOPK: tl.constexpr,
                   TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, RANK_COLS: tl.constexpr,
                   VOLATILE: tl.constexpr):

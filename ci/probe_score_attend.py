@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Probe: device time of each kernel of the batch-1/2 decode step at 8k
+context, the chain (index, select, attention, merge; and with the select in
+the attention) against ``score_attend_decode`` (block, merge), by the
+profiler's kernel records (L2 flushed by a 256 MiB write before each call),
+and the CUDA-graph replay of each whole step.  $OUT/probe_score_attend.json.
+
+  PYTHONPATH=<stub vllm> python ci/probe_score_attend.py
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from bench_msa import (B, D, HIDX, TOPK, Batch, Timer, kernel_times, load_kernels,
+                       score_attend_fn)
+
+
+def main():
+    dev = torch.device("cuda")
+    timer = Timer(dev, int(os.environ.get("REPS", "50")))
+    index_block_topk, block_sparse_attention, _ = load_kernels()
+    score_attend = score_attend_fn(block_sparse_attention)
+    rows = []
+    for batch, kv_mode in ((1, 0), (2, 0), (1, 1)):
+        bt = Batch([8192] * batch, 1, kv_mode, dev)
+        sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+        o = torch.empty_like(bt.q)
+        kv = (bt.kv, bt.block_table, bt.token_req, bt.token_pos)
+        ia = (bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK)
+        sc = (kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales)
+
+        def chain():
+            index_block_topk(*ia, out=sel, num_decode_tokens=bt.T)
+            block_sparse_attention(bt.q, *kv, sel, B, D ** -0.5, *sc, out=o)
+
+        def select_in_attention():
+            s = index_block_topk(*ia, num_decode_tokens=bt.T, return_scores=True)
+            block_sparse_attention(bt.q, *kv, s, B, D ** -0.5, *sc, out=o, select_topk=TOPK)
+
+        def two_launch(**tune):
+            score_attend(bt.idx_q, bt.idx_k, bt.q, *kv, B, TOPK, 1, 0, D ** -0.5, *sc, out=o,
+                         _tune=tune)
+
+        for name, fn in (("chain", chain), ("select_in_attention", select_in_attention),
+                         ("score_attend", two_launch),
+                         ("score_attend_ks2", lambda: two_launch(key_split=2)),
+                         ("score_attend_w2", lambda: two_launch(num_warps=2)),
+                         ("score_attend_mw2", lambda: two_launch(merge_warps=2)),
+                         ("score_attend_mw8", lambda: two_launch(merge_warps=8)),
+                         ("score_attend_w8", lambda: two_launch(num_warps=8))):
+            r = dict(batch=batch, context=8192, kv_mode=kv_mode, step=name,
+                     graph_us=timer.time_fn(fn), kernels=kernel_times(fn, timer, reps=50))
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe_score_attend.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
