@@ -6,6 +6,8 @@
 #   graphs   tests/models/test_minimax_m3_gpu.py -k cudagraphs (CUDA graphs change no token)
 #   tp2      tests/models/test_minimax_m3_gpu.py -k tp2 (TP2 == TP1; needs two GPUs)
 #   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
+#   graphs_fp32  graphs == eager in fp32, the default paths (the graphs suite's bf16 case
+#            alone needs more than 260 s)
 #   graphs_one_launch  graphs == eager in fp32 with VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1
 #   graphs_token_tile  graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4
 #   graphs_block_major graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4
@@ -28,6 +30,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models"
   [graphs]="tests/models/test_minimax_m3_gpu.py -k cudagraphs" [tp2]="tests/models/test_minimax_m3_gpu.py -k tp2"
   [graphs_bf16]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
+  [graphs_fp32]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [graphs_one_launch]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [graphs_token_tile]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [graphs_block_major]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
