@@ -43,6 +43,24 @@ CTX = CHUNK = 8192
 
 
 @triton.jit
+def dense_tile(q, k_ptr, v_ptr, kn, offs_m, offs_d, stride_kt, m_i, l_i, acc, qk_scale,
+               CAUSAL: tl.constexpr):
+    """Fold keys ``kn`` into the running softmax of rows ``offs_m`` (base 2);
+    CAUSAL masks keys after each row's position (the diagonal tiles only)."""
+    k = tl.load(k_ptr + kn[:, None].to(tl.int64) * stride_kt + offs_d[None, :])
+    v = tl.load(v_ptr + kn[:, None].to(tl.int64) * stride_kt + offs_d[None, :])
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if CAUSAL:
+        s = tl.where(kn[None, :] <= offs_m[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def dense_causal_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, sm_scale,
                         stride_qt, stride_qh, stride_kt, stride_ot, stride_oh,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
@@ -62,31 +80,12 @@ def dense_causal_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T, sm_scale,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    # full tiles: no mask
-    for n0 in range(0, m0, BLOCK_N):
-        kn = n0 + offs_n
-        k = tl.load(k_ptr + kn[:, None].to(tl.int64) * stride_kt + offs_d[None, :])
-        v = tl.load(v_ptr + kn[:, None].to(tl.int64) * stride_kt + offs_d[None, :])
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    # the diagonal tiles
-    for n0 in range(m0, m0 + BLOCK_M, BLOCK_N):
-        kn = n0 + offs_n
-        k = tl.load(k_ptr + kn[:, None].to(tl.int64) * stride_kt + offs_d[None, :])
-        v = tl.load(v_ptr + kn[:, None].to(tl.int64) * stride_kt + offs_d[None, :])
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(kn[None, :] <= offs_m[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    for n0 in range(0, m0, BLOCK_N):  # full tiles: no mask
+        m_i, l_i, acc = dense_tile(q, k_ptr, v_ptr, n0 + offs_n, offs_m, offs_d, stride_kt,
+                                   m_i, l_i, acc, qk_scale, False)
+    for n0 in range(m0, m0 + BLOCK_M, BLOCK_N):  # the diagonal tiles
+        m_i, l_i, acc = dense_tile(q, k_ptr, v_ptr, n0 + offs_n, offs_m, offs_d, stride_kt,
+                                   m_i, l_i, acc, qk_scale, True)
     o = acc / l_i[:, None]
     tl.store(o_ptr + offs_m[:, None].to(tl.int64) * stride_ot + h * stride_oh
              + offs_d[None, :], o.to(o_ptr.dtype.element_ty))

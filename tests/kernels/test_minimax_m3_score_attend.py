@@ -9,8 +9,8 @@ at the model's real shapes on a GPU.  Fixtures and the oracle:
 import pytest
 import torch
 from test_minimax_m3_triton_msa import (DEVICE, DTYPES, ON_GPU, SCALE_MODES, SHAPES, Batch,
-                                        _seed, decode_chain_buffers, make_idx_cache,
-                                        make_kv_cache, ref_attention, tol)
+                                        _seed, check_graph_replays, decode_chain_buffers,
+                                        make_idx_cache, make_kv_cache, ref_attention, tol)
 
 from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention, index_block_topk,
                                                       score_attend_decode, score_attend_fits)
@@ -139,23 +139,8 @@ def test_score_attend_decode_in_cuda_graph(num_reqs):
     def step(o):
         score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, 1, 0, D ** -0.5, out=o)
 
-    step(out)  # compile outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step(out)
-    eager, chain = torch.empty_like(out), torch.empty_like(out)
-    atol, rtol = tol(torch.bfloat16)
-    for rep in range(3):
-        idx_q.normal_()
-        q.normal_()
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        step(eager)
+    def chain(o):
         index_block_topk(idx_q, idx_k, *args, B, topk, out=sel, num_decode_tokens=batch.T)
-        block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, out=chain)
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager), f"[seed {seed} replay {rep}] graph and eager differ"
-        torch.testing.assert_close(out.float(), chain.float(), atol=atol, rtol=rtol,
-                                   msg=lambda m: f"[seed {seed} replay {rep}] {m}")
+        block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, out=o)
+
+    check_graph_replays(step, chain, (idx_q, q), out, seed)

@@ -926,26 +926,34 @@ def test_decode_key_split_in_cuda_graph(num_reqs):
         block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos, sel,
                                B, D ** -0.5, out=out, _tune=tune)
 
-    idx_q.normal_()
-    q.normal_()
-    chain(out)  # compile outside the capture
+    check_graph_replays(chain, lambda o: chain(o, dict(key_split=1)), (idx_q, q), out, seed)
+
+
+def check_graph_replays(step, reference, inputs, out, seed, reps=3):
+    """``step(out)`` captured in a CUDA graph (after one eager call on fresh
+    ``inputs``, which compiles outside the capture), then per replay on fresh
+    ``inputs``: the graph's output equals ``step`` run eagerly and matches
+    ``reference(o)`` within the bf16 tolerance."""
+    for x in inputs:
+        x.normal_()
+    step(out)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        chain(out)
-    eager, per_block = torch.empty_like(out), torch.empty_like(out)
+        step(out)
+    eager, ref = torch.empty_like(out), torch.empty_like(out)
     atol, rtol = tol(torch.bfloat16)
-    for rep in range(3):
-        idx_q.normal_()
-        q.normal_()
+    for rep in range(reps):
+        for x in inputs:
+            x.normal_()
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        chain(eager)
-        chain(per_block, dict(key_split=1))
+        step(eager)
+        reference(ref)
         torch.cuda.synchronize()
         assert torch.equal(out, eager), f"[seed {seed} replay {rep}] graph and eager differ"
-        torch.testing.assert_close(out.float(), per_block.float(), atol=atol, rtol=rtol,
+        torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol,
                                    msg=lambda m: f"[seed {seed} replay {rep}] {m}")
 
 

@@ -50,6 +50,20 @@ def scales_and_operand(q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE: tl.con
 
 
 @triton.jit
+def group_query_rows(q_ptr, t64, g, offs_d, dmask, stride_qt, stride_qh,
+                     G: tl.constexpr, G_PAD: tl.constexpr):
+    """The query rows [G_PAD, D_PAD] of token ``t64``'s GQA group ``g`` (the
+    rows past G and the columns past ``dmask`` zero): (q, heads [G_PAD],
+    row mask [G_PAD])."""
+    offs_m = tl.arange(0, G_PAD)
+    mmask = offs_m < G
+    heads = g * G + offs_m
+    q = tl.load(q_ptr + t64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mmask[:, None] & dmask[None, :], other=0.0)
+    return q, heads, mmask
+
+
+@triton.jit
 def load_key_tile(k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, kv_head,
                   k_elem_scale, v_elem_scale,
                   stride_cp, stride_cs, stride_sp, stride_skv, stride_ss, stride_sh,

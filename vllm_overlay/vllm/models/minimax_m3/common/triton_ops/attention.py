@@ -44,6 +44,31 @@ def _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, spars
                          f"dim, got {tuple(topk_blocks.shape)} {topk_blocks.dtype}")
 
 
+def attention_output(q, out):
+    """``out`` checked to be a [T, Hq, D] tensor of q's dtype, contiguous in
+    D; a new one when None."""
+    if out is None:
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
+        raise ValueError(f"out must be {q.dtype} {list(q.shape)} contiguous in the last dim")
+    return out
+
+
+def kv_scale_args(q, kv_scale_mode, k_scale, v_scale, kv_scales, fold_scalar_scales):
+    """The KV-scale launch arguments of the attention kernels: (k_scale,
+    v_scale, kv_scales pointers, with ``q`` standing in for those the mode
+    does not read; kv_scales' strides; the kernels' SCALE_MODE, 3 for
+    unfolded scalar scales; FP16_MMA: an fp8 cache with bf16 queries runs
+    its dots in fp16)."""
+    ks = k_scale if kv_scale_mode == 1 else q
+    vs = v_scale if kv_scale_mode == 1 else q
+    kvs = kv_scales if kv_scale_mode == 2 else q
+    sstr = kv_scales.stride() if kv_scale_mode == 2 else (0, 0, 0, 0)
+    kernel_mode = 3 if (kv_scale_mode == 1 and not fold_scalar_scales) else kv_scale_mode
+    fp16_mma = kv_scale_mode != 0 and q.dtype == torch.bfloat16
+    return ks, vs, kvs, sstr, kernel_mode, fp16_mma
+
+
 def validate_attention_inputs(q, kv_cache, block_table, token_req, token_pos, sparse_block,
                               kv_scale_mode, k_scale, v_scale, kv_scales):
     """The checks of ``block_sparse_attention``'s inputs other than the
@@ -314,10 +339,7 @@ def block_sparse_attention(
     if select_topk and (token_tile > 1 or block_major > 1 or _tune and _tune.get("prefetch_rows")):
         raise ValueError("select_topk runs the per-token decode layout only (no token_tile, "
                          "block_major or prefetch_rows)")
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
-        raise ValueError(f"out must be {q.dtype} {list(q.shape)} contiguous in the last dim")
+    out = attention_output(q, out)
     if T == 0:
         return out
 
@@ -354,14 +376,9 @@ def block_sparse_attention(
     if BLOCK_N < 16:
         raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
     ieee = q.dtype == torch.float32
-    dummy = q
-    ks = k_scale if kv_scale_mode == 1 else dummy
-    vs = v_scale if kv_scale_mode == 1 else dummy
-    kvs = kv_scales if kv_scale_mode == 2 else dummy
-    sstr = kv_scales.stride() if kv_scale_mode == 2 else (0, 0, 0, 0)
-    kernel_mode = 3 if (kv_scale_mode == 1 and not fold_scalar_scales) else kv_scale_mode
+    ks, vs, kvs, sstr, kernel_mode, fp16_mma = kv_scale_args(
+        q, kv_scale_mode, k_scale, v_scale, kv_scales, fold_scalar_scales)
 
-    fp16_mma = kv_scale_mode != 0 and q.dtype == torch.bfloat16
     if token_tile and (token_tile < 1 or token_tile & (token_tile - 1)):
         raise ValueError(f"token_tile must be a power of two (tokens per program), "
                          f"got {token_tile}")
@@ -429,7 +446,7 @@ def block_sparse_attention(
     warps = 8 if kv_scale_mode != 0 and 2 * T * HKV * splits <= num_sms(device) else 4
     pdl = use_pdl(device, tune, T)
     pdl_kw = {"launch_pdl": True} if pdl else {}
-    counters = arrival_counters(device, "attention_merge", T * HKV) if fused else dummy
+    counters = arrival_counters(device, "attention_merge", T * HKV) if fused else q  # unused
     nb_pad = max(16, next_pow2(topk_blocks.shape[2])) if select_topk else 16
     sparse_attn_fwd_kernel[(T, HKV, splits)](
         q, kv_cache, block_table, token_req, token_pos, topk_blocks,

@@ -38,7 +38,8 @@ Layouts (element strides, last dims contiguous):
 Scale modes (``SCALE_MODE``) as ``sparse_attn_fwd``.
 """
 
-from ._attend import attend_key_tile, load_key_tile, normalized_output, scales_and_operand
+from ._attend import (attend_key_tile, group_query_rows, load_key_tile, normalized_output,
+                      scales_and_operand)
 from ._paged import fp16_dot_operand
 from ._triton import tl, triton
 from .index_score_decode import _key_scores
@@ -108,14 +109,11 @@ def score_attend_block_kernel(
         r -= KEY_SPLIT
         key_lo = b * SPARSE_BLOCK + r * KEYS
         if key_lo <= pos:  # else no visible key in this range (nor a partial)
-            offs_m = tl.arange(0, G_PAD)
             offs_d = tl.arange(0, D_PAD)
             offs_n = tl.arange(0, BLOCK_N)
-            mmask = offs_m < G
             dmask = offs_d < D
-            heads = g * G + offs_m
-            q = tl.load(q_ptr + t64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                        mask=mmask[:, None] & dmask[None, :], other=0.0)
+            q, heads, mmask = group_query_rows(q_ptr, t64, g, offs_d, dmask, stride_qt,
+                                               stride_qh, G, G_PAD)
             q, qk_scale, k_elem_scale, v_elem_scale, out_scale = scales_and_operand(
                 q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
             k_base = kv_ptr + g * stride_ch

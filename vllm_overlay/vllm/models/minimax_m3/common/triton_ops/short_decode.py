@@ -7,7 +7,7 @@ Kernels and layouts: ``score_attend_decode.py``."""
 import torch
 
 from ._utils import SELECT_MAX_BLOCKS, cdiv, check_triton, largest_pow2_divisor, next_pow2
-from .attention import validate_attention_inputs
+from .attention import attention_output, kv_scale_args, validate_attention_inputs
 from .indexer import _validate as validate_index_inputs
 from .score_attend_decode import score_attend_block_kernel, score_attend_merge_kernel
 
@@ -78,10 +78,7 @@ def score_attend_decode(
         raise ValueError(f"score_attend_decode ranks rows of at most {SELECT_MAX_BLOCKS} sparse "
                          f"blocks; the block table holds {NB} (use index_block_topk and "
                          f"block_sparse_attention)")
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(2) != 1:
-        raise ValueError(f"out must be {q.dtype} {list(q.shape)} contiguous in the last dim")
+    out = attention_output(q, out)
     if T == 0:
         return out
     tune = _tune or {}
@@ -100,13 +97,8 @@ def score_attend_decode(
     k_scaled = idx_k_scales is not None
     iks = idx_k_scales if k_scaled else idx_k_cache  # dummy pointer when unused
     is_str = idx_k_scales.stride() if k_scaled else (0, 0)
-    dummy = q
-    ks = k_scale if kv_scale_mode == 1 else dummy
-    vs = v_scale if kv_scale_mode == 1 else dummy
-    kvs = kv_scales if kv_scale_mode == 2 else dummy
-    sstr = kv_scales.stride() if kv_scale_mode == 2 else (0, 0, 0, 0)
-    kernel_mode = 3 if (kv_scale_mode == 1 and not fold_scalar_scales) else kv_scale_mode
-    fp16_mma = kv_scale_mode != 0 and q.dtype == torch.bfloat16
+    ks, vs, kvs, sstr, kernel_mode, fp16_mma = kv_scale_args(
+        q, kv_scale_mode, k_scale, v_scale, kv_scales, fold_scalar_scales)
 
     scores = torch.empty((T, HKV, NB * key_split), dtype=torch.float32, device=device)
     part_o = torch.empty((T, HQ, NB * key_split, D_PAD), dtype=torch.float32, device=device)

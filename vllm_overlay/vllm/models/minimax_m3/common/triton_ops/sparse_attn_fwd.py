@@ -56,8 +56,8 @@ fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 [0, 1] keeps more mantissa in fp16 than in bf16.
 """
 
-from ._attend import (attend_key_tile, key_tile_rows, load_key_rows, load_key_tile,
-                      scales_and_operand)
+from ._attend import (attend_key_tile, group_query_rows, key_tile_rows, load_key_rows,
+                      load_key_tile, scales_and_operand)
 from ._triton import tl, tl_cuda, triton
 from .index_topk_select import row_ranks
 
@@ -95,14 +95,11 @@ def sparse_attn_fwd_kernel(
     req = tl.load(req_ptr + t)
     pos = tl.load(pos_ptr + t)
 
-    offs_m = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D_PAD)
     offs_n = tl.arange(0, BLOCK_N)
-    mmask = offs_m < G
     dmask = offs_d < D
-    heads = g * G + offs_m
-    q = tl.load(q_ptr + t64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mmask[:, None] & dmask[None, :], other=0.0)
+    q, heads, mmask = group_query_rows(q_ptr, t64, g, offs_d, dmask, stride_qt, stride_qh,
+                                       G, G_PAD)
     # the scales too are loaded now, not after the key walk
     q, qk_scale, k_elem_scale, v_elem_scale, out_scale = scales_and_operand(
         q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE, IEEE, FP16_MMA)
