@@ -51,9 +51,10 @@ def score_attend_decode(
     out: torch.Tensor | None = None,
     _tune: dict | None = None,
 ) -> torch.Tensor:
-    """One decode token per request: ``block_sparse_attention`` over the
-    blocks ``index_block_topk`` selects (same arguments as the two; rows of at
-    most ``SELECT_MAX_BLOCKS`` blocks), by scoring and attending every visible
+    """Decode tokens (each its request's next token; a graph batch's padding
+    repeats request 0): ``block_sparse_attention`` over the blocks
+    ``index_block_topk`` selects (same arguments as the two; rows of at most
+    ``SELECT_MAX_BLOCKS`` blocks), by scoring and attending every visible
     block and merging the top-k.  ``_tune``: ``num_warps`` of the block launch,
     ``merge_warps`` of the merge launch, ``key_split`` (key ranges per block,
     default ``SCORE_ATTEND_KEY_SPLIT``).
