@@ -9,8 +9,8 @@
 #      results in $OUT/bench_msa.{json,md} and its log in $OUT/bench.log.
 # Env: BUDGET_S (default 570, the call's wall limit), TESTS_S (default 300, pytest's
 # share), TEST_SHARDS (default 1: pytest processes run in parallel), GIT_COMMIT
-# (recorded by the bench), BENCH_ARGS, PYTEST_K (a pytest -k expression: only
-# those tests).
+# (recorded by the bench), BENCH_ARGS, BENCH=0 (tests only), PYTEST_K (a pytest -k
+# expression: only those tests).
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash ci/gpu_kernel_job.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +65,9 @@ elif [ "${TESTS_S}" -gt 0 ]; then
 fi
 
 budget=$(( $(left) - 10 ))
-if [ "$budget" -gt 30 ]; then
+if [ "${BENCH:-1}" = 0 ]; then
+  echo "bench skipped (BENCH=0)"
+elif [ "$budget" -gt 30 ]; then
   OUT="$OUT" timeout -s TERM "$budget" python3 ci/bench_msa.py ${BENCH_ARGS:-} \
     > "$OUT/bench.log" 2>&1
   echo "bench rc=$? ($(( $(date +%s) - T0 )) s)"

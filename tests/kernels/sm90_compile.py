@@ -249,7 +249,8 @@ def main():
     print("compiled block_topk_select_kernel and sparse_attn_merge_kernel PDL=True", flush=True)
     done += 2
     # the two-launch decode of batch 1-2 over 64-block tables (score_attend_decode):
-    # every scale mode with 4 key ranges per block, bf16 and fp8 index keys, one range
+    # every scale mode with 4 key ranges per block, bf16 and fp8 index keys, one range;
+    # PDL as the engine launches them at batch 1-2 on sm90
     for mode, idx_keys, split in ((0, "*bf16", 4), (1, "*bf16", 4), (2, "*bf16", 4),
                                   (3, "*bf16", 4), (0, "*fp8e4nv", 4), (0, "*bf16", 1)):
         ptrs = dict(idx_q_ptr="*bf16", idx_k_ptr=idx_keys, idx_ks_ptr="*fp32", q_ptr="*bf16",
@@ -261,7 +262,7 @@ def main():
             HQ=16, G=16, G_PAD=16, D=128, D_PAD=128, DI=128, DI_PAD=128, SPARSE_BLOCK=128,
             IDX_BLOCK_N=128 // split, KEY_SPLIT=split, BLOCK_N=128 // split, PAGE_SIZE=64,
             LOCAL=1, INIT=0, K_SCALED=idx_keys != "*bf16", SCALE_MODE=mode, IEEE=False,
-            FP16_MMA=mode != 0), 4)
+            FP16_MMA=mode != 0, PDL=True), 4)
         assert len(cubin) > 0
         print(f"compiled score_attend_block_kernel mode {mode} index keys {idx_keys} "
               f"KEY_SPLIT={split} ({len(cubin)} B cubin)", flush=True)
@@ -269,9 +270,9 @@ def main():
     cubin = compile_kernel(score_attend_merge_kernel, dict(
         scores_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32", pos_ptr="*i32",
         out_ptr="*bf16"), dict(HQ=16, G=16, TOPK=16, TOPK_PAD=16, NB_PAD=64, KEY_SPLIT=4,
-                               SPARSE_BLOCK=128, D=128, D_PAD=128), 4)
+                               SPARSE_BLOCK=128, D=128, D_PAD=128, PDL=True), 4)
     assert len(cubin) > 0
-    print(f"compiled score_attend_merge_kernel ({len(cubin)} B cubin)", flush=True)
+    print(f"compiled score_attend_merge_kernel PDL=True ({len(cubin)} B cubin)", flush=True)
     done += 1
     print(f"ok {done} kernels")
     return 0

@@ -14,6 +14,7 @@ from test_minimax_m3_triton_msa import (DEVICE, DTYPES, ON_GPU, SCALE_MODES, SHA
 
 from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention, index_block_topk,
                                                       score_attend_decode, score_attend_fits)
+from vllm.models.minimax_m3.common.triton_ops._utils import pdl_supported
 
 # decode requests (tokens already cached, 1 new): inside one block, on a block
 # boundary, fewer visible blocks than top-k, several, and (on a GPU) rows up to
@@ -63,6 +64,35 @@ def test_score_attend_decode(case, shape, dtype):
         torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
                                    msg=lambda m: f"{where} oracle: {m}")
         torch.testing.assert_close(got.float(), chain.float(), atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{where} chain: {m}")
+
+
+def test_score_attend_decode_several_key_tiles_per_range():
+    """A 48-key sparse block (one key range of three 16-key tiles: only the
+    first tile's pages are resolved before the PDL wait, the others in the
+    walk) and head_dim 256 (attention tiles of 32 keys): oracle and chain in
+    every scale mode."""
+    seed = _seed()
+    shape = (4, 1, 256, 16, 48, 16, 3)
+    Hq, Hkv, D, Didx, B, page, topk = shape
+    batch, idx_q, idx_k, _, q = decode_inputs(shape, [(5 * B + 7, 1), (2 * B - 1, 1)],
+                                              torch.float32)
+    args = (batch.block_table, batch.token_req, batch.token_pos)
+    sel = index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T)
+    for mode, fold in SCALE_MODES:
+        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, torch.float32, mode)
+        ref = ref_attention(batch, q, deq, sel, B, D ** -0.5)
+        chain = block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, mode, ks, vs, kvs,
+                                       fold_scalar_scales=fold)
+        got = score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, 1, 0, D ** -0.5, mode,
+                                  ks, vs, kvs, fold_scalar_scales=fold,
+                                  out=torch.full_like(q, float("nan")))
+        atol, rtol = tol(torch.float32)
+        atol *= 3 if mode else 1
+        where = f"[seed {seed} mode {mode} fold {fold}]"
+        torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{where} oracle: {m}")
+        torch.testing.assert_close(got, chain, atol=atol, rtol=rtol,
                                    msg=lambda m: f"{where} chain: {m}")
 
 
@@ -121,14 +151,18 @@ def test_score_attend_decode_bad_input():
         score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, topk + 1, 0, 1.0)
 
 
+@pytest.mark.parametrize("pdl", [False, True])
 @pytest.mark.parametrize("num_reqs", [1, 2])
-def test_score_attend_decode_in_cuda_graph(num_reqs):
+def test_score_attend_decode_in_cuda_graph(num_reqs, pdl):
     """Batch 1 and 2 at real shapes over 64-block tables: captured in a CUDA
-    graph and replayed on fresh queries, it equals the same launches run
-    eagerly and matches the decode chain."""
+    graph and replayed on fresh queries, it equals the launches run eagerly
+    without PDL (with ``pdl``, so each launch waited for the one before it)
+    and matches the decode chain."""
     if not ON_GPU:
         pytest.skip("needs a GPU: CUDA-graph capture (the kernels run on CPU in "
                     "test_score_attend_decode)")
+    if pdl and not pdl_supported(DEVICE):
+        pytest.skip("needs sm90+ with Triton grid dependency control")
     seed = _seed()
     Hq, Hkv, D, Didx, B, page, topk = SHAPES[0]
     batch = Batch([(64 * B - 5 - page, 1), (17 * B + 3, 1)][:num_reqs], page)
@@ -136,11 +170,13 @@ def test_score_attend_decode_in_cuda_graph(num_reqs):
     idx_k, kv, idx_q, q, sel, out = decode_chain_buffers(batch)
     args = (batch.block_table, batch.token_req, batch.token_pos)
 
-    def step(o):
-        score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, 1, 0, D ** -0.5, out=o)
+    def step(o, pdl=pdl):
+        score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, 1, 0, D ** -0.5, out=o,
+                            _tune=dict(pdl=pdl))
 
     def chain(o):
         index_block_topk(idx_q, idx_k, *args, B, topk, out=sel, num_decode_tokens=batch.T)
         block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, out=o)
 
-    check_graph_replays(step, chain, (idx_q, q), out, seed)
+    check_graph_replays(step, chain, (idx_q, q), out, seed,
+                        eager_step=lambda o: step(o, pdl=False))

@@ -929,11 +929,11 @@ def test_decode_key_split_in_cuda_graph(num_reqs):
     check_graph_replays(chain, lambda o: chain(o, dict(key_split=1)), (idx_q, q), out, seed)
 
 
-def check_graph_replays(step, reference, inputs, out, seed, reps=3):
+def check_graph_replays(step, reference, inputs, out, seed, reps=3, eager_step=None):
     """``step(out)`` captured in a CUDA graph (after one eager call on fresh
     ``inputs``, which compiles outside the capture), then per replay on fresh
-    ``inputs``: the graph's output equals ``step`` run eagerly and matches
-    ``reference(o)`` within the bf16 tolerance."""
+    ``inputs``: the graph's output equals ``eager_step`` (default ``step``)
+    run eagerly and matches ``reference(o)`` within the bf16 tolerance."""
     for x in inputs:
         x.normal_()
     step(out)
@@ -949,7 +949,7 @@ def check_graph_replays(step, reference, inputs, out, seed, reps=3):
         out.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
-        step(eager)
+        (eager_step or step)(eager)
         reference(ref)
         torch.cuda.synchronize()
         assert torch.equal(out, eager), f"[seed {seed} replay {rep}] graph and eager differ"

@@ -54,6 +54,19 @@ def _key_scores(q, k_ptr, ks_ptr, bt_row, kp, pos, offs_d, dmask,
     keys after ``pos``."""
     kmask = kp <= pos
     row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
+    if K_SCALED:
+        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+    else:
+        srow = row
+    return _key_scores_at(q, k_ptr, ks_ptr, row, srow, kmask, offs_d, dmask, K_SCALED, IEEE)
+
+
+@triton.jit
+def _key_scores_at(q, k_ptr, ks_ptr, row, srow, kmask, offs_d, dmask,
+                   K_SCALED: tl.constexpr, IEEE: tl.constexpr):
+    """``_key_scores`` from cache row offsets already resolved through the
+    block table: ``row`` [N] into the index cache, ``srow`` [N] into its
+    scales (K_SCALED only); ``kmask`` [N] the visible keys."""
     k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
     if IEEE:
@@ -61,7 +74,6 @@ def _key_scores(q, k_ptr, ks_ptr, bt_row, kp, pos, offs_d, dmask,
     else:
         s = tl.dot(q, tl.trans(k.to(q.dtype)))
     if K_SCALED:
-        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
         ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
         s = s * ksc[None, :]
     return tl.where(kmask[None, :], s, float("-inf"))

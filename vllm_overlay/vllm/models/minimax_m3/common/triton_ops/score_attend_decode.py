@@ -36,14 +36,37 @@ Layouts (element strides, last dims contiguous):
           block's softmax mass); both written for blocks up to the own block
   out     [T, Hq, D] (q dtype)
 Scale modes (``SCALE_MODE``) as ``sparse_attn_fwd``.
+
+PDL (programmatic dependent launch, CUDA sm90+; the wrapper launches both
+kernels with ``launch_pdl``), as the decode chain: each program first lets
+the next launch start and reads what was written before the previous launch
+began (position, request, queries, scalar scales, and the block-table pages
+of its first key tile), then waits
+for the previous launch to complete before it reads a cache, a score or a
+partial, and before it writes anything.  The merge's launch thus overlaps the
+block launch's tail, and the block launch the cache write's.
 """
 
-from ._attend import (attend_key_tile, group_query_rows, load_key_tile, normalized_output,
+from ._attend import (attend_key_tile, group_query_rows, load_key_rows, normalized_output,
                       scales_and_operand)
-from ._paged import fp16_dot_operand
-from ._triton import tl, triton
-from .index_score_decode import _key_scores
+from ._paged import fp16_dot_operand, paged_row_offsets
+from ._triton import tl, tl_cuda, triton
+from .index_score_decode import _key_scores_at
 from .index_topk_select import vector_ranks
+
+
+@triton.jit
+def tile_rows(bt_row, kp, kmask, stride_p, stride_s, stride_sp, stride_ss,
+              PAGE_SIZE: tl.constexpr, SCALED: tl.constexpr):
+    """Cache row offsets [N] of key positions ``kp`` [N] (where ``kmask``)
+    through the request's block-table row: (row into the cache, row into its
+    scale cache when SCALED, else ``row`` again)."""
+    row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_p, stride_s)
+    if SCALED:
+        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+    else:
+        srow = row
+    return row, srow
 
 
 @triton.jit
@@ -63,7 +86,7 @@ def score_attend_block_kernel(
     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     LOCAL: tl.constexpr, INIT: tl.constexpr,
     K_SCALED: tl.constexpr, SCALE_MODE: tl.constexpr, IEEE: tl.constexpr,
-    FP16_MMA: tl.constexpr,
+    FP16_MMA: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (block b, token t, role): for KV head ``g = role // (2 *
     KEY_SPLIT)`` and ``r = role % (2 * KEY_SPLIT)``, r < KEY_SPLIT scores key
@@ -72,6 +95,8 @@ def score_attend_block_kernel(
     attends key range ``r - KEY_SPLIT`` for the group's query heads (partial
     ``b * KEY_SPLIT + r - KEY_SPLIT``).  Programs with few bytes each: at
     batch 1 the launch lasts as long as one program waits."""
+    if PDL:
+        tl_cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     t = tl.program_id(1)
     role = tl.program_id(2)
@@ -94,12 +119,21 @@ def score_attend_block_kernel(
                          other=0.0)
             if K_SCALED and not IEEE:
                 qi = fp16_dot_operand(qi)
+            key_lo = b * SPARSE_BLOCK + r * KEYS
+            offs_n = tl.arange(0, IDX_BLOCK_N)
+            kp = key_lo + offs_n
+            row, srow = tile_rows(bt_row, kp, kp <= pos, stride_ikp, stride_iks, stride_isp,
+                                  stride_iss, PAGE_SIZE, K_SCALED)
+            if PDL:
+                tl_cuda.gdc_wait()  # the cache write before this launch is complete
             best = tl.full([16], float("-inf"), tl.float32)
             for n0 in tl.static_range(0, KEYS, IDX_BLOCK_N):
-                si = _key_scores(qi, idx_k_ptr, idx_ks_ptr, bt_row,
-                                 b * SPARSE_BLOCK + r * KEYS + n0 + tl.arange(0, IDX_BLOCK_N),
-                                 pos, offs_di, dimask, stride_ikp, stride_iks, stride_isp,
-                                 stride_iss, PAGE_SIZE, K_SCALED, IEEE)
+                if n0 > 0:
+                    kp = key_lo + n0 + offs_n
+                    row, srow = tile_rows(bt_row, kp, kp <= pos, stride_ikp, stride_iks,
+                                          stride_isp, stride_iss, PAGE_SIZE, K_SCALED)
+                si = _key_scores_at(qi, idx_k_ptr, idx_ks_ptr, row, srow, kp <= pos, offs_di,
+                                    dimask, K_SCALED, IEEE)
                 best = tl.maximum(best, tl.max(si, axis=1))
             # forced blocks (own, LOCAL - 1 before it, the first INIT): +inf
             best = tl.where((b > own - LOCAL) | (b < INIT), float("inf"), best)
@@ -121,13 +155,20 @@ def score_attend_block_kernel(
             m_i = tl.full([G_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([G_PAD], tl.float32)
             acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+            kp = key_lo + offs_n
+            row, srow = tile_rows(bt_row, kp, kp <= pos, stride_cp, stride_cs, stride_sp,
+                                  stride_ss, PAGE_SIZE, SCALE_MODE == 2)
+            if PDL:
+                tl_cuda.gdc_wait()
             for n0 in tl.static_range(0, KEYS, BLOCK_N):
-                kp = key_lo + n0 + offs_n
+                if n0 > 0:
+                    kp = key_lo + n0 + offs_n
+                    row, srow = tile_rows(bt_row, kp, kp <= pos, stride_cp, stride_cs,
+                                          stride_sp, stride_ss, PAGE_SIZE, SCALE_MODE == 2)
                 kvalid = kp <= pos
-                k, v, ksc, vsc = load_key_tile(
-                    k_base, v_base, kvs_ptr, bt_row, kp, kvalid, offs_d, dmask, g,
-                    k_elem_scale, v_elem_scale, stride_cp, stride_cs,
-                    stride_sp, stride_skv, stride_ss, stride_sh, PAGE_SIZE, SCALE_MODE)
+                k, v, ksc, vsc = load_key_rows(
+                    k_base, v_base, kvs_ptr, row, srow, kvalid, offs_d, dmask, g,
+                    k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
                 m_i, l_i, acc = attend_key_tile(q, k, v, kvalid[None, :], m_i, l_i, acc,
                                                 qk_scale, ksc, vsc, SCALE_MODE, IEEE)
             o = normalized_output(acc, l_i, out_scale, SCALE_MODE)
@@ -146,15 +187,20 @@ def score_attend_merge_kernel(
     HQ: tl.constexpr, G: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
     NB_PAD: tl.constexpr, KEY_SPLIT: tl.constexpr,
     SPARSE_BLOCK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Ranks the token's block scores (as ``row_ranks``: ties to the lower
     block), then loads the partials of the chosen
     blocks' key ranges that hold a visible key (only those were written:
     masked loads, and ``where``, never a product, with what the rest hold)."""
+    if PDL:
+        tl_cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     h = tl.program_id(1)
     t64 = t.to(tl.int64)
     pos = tl.load(pos_ptr + t)
+    if PDL:
+        tl_cuda.gdc_wait()  # the block launch's scores and partials are complete
     n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, NB)
     # block scores: the max of their key ranges' (all written up to the own block)
     offs_b = tl.arange(0, NB_PAD)

@@ -6,7 +6,8 @@ Kernels and layouts: ``score_attend_decode.py``."""
 
 import torch
 
-from ._utils import SELECT_MAX_BLOCKS, cdiv, check_triton, largest_pow2_divisor, next_pow2
+from ._utils import (SELECT_MAX_BLOCKS, cdiv, check_triton, largest_pow2_divisor, next_pow2,
+                     use_pdl)
 from .attention import attention_output, kv_scale_args, validate_attention_inputs
 from .indexer import _validate as validate_index_inputs
 from .score_attend_decode import score_attend_block_kernel, score_attend_merge_kernel
@@ -57,7 +58,9 @@ def score_attend_decode(
     ``SELECT_MAX_BLOCKS`` blocks), by scoring and attending every visible
     block and merging the top-k.  ``_tune``: ``num_warps`` of the block launch,
     ``merge_warps`` of the merge launch, ``key_split`` (key ranges per block,
-    default ``SCORE_ATTEND_KEY_SPLIT``).
+    default ``SCORE_ATTEND_KEY_SPLIT``), ``pdl`` (programmatic dependent
+    launch of both kernels; default as the decode chain,
+    ``VLLM_MINIMAX_M3_PDL``).
     Returns [T, Hq, D] in q.dtype."""
     validate_index_inputs(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
                           topk, local_blocks, init_blocks, idx_k_scales)
@@ -95,6 +98,8 @@ def score_attend_decode(
     if min(BLOCK_N, IDX_BLOCK_N) < 16:
         raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
     ieee = q.dtype == torch.float32
+    pdl = use_pdl(device, tune, T)
+    pdl_kw = {"launch_pdl": True} if pdl else {}
     k_scaled = idx_k_scales is not None
     iks = idx_k_scales if k_scaled else idx_k_cache  # dummy pointer when unused
     is_str = idx_k_scales.stride() if k_scaled else (0, 0)
@@ -117,16 +122,16 @@ def score_attend_decode(
         SPARSE_BLOCK=sparse_block, IDX_BLOCK_N=IDX_BLOCK_N, KEY_SPLIT=key_split,
         BLOCK_N=BLOCK_N,
         PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks, K_SCALED=k_scaled,
-        SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
-        num_warps=tune.get("num_warps", 4),
+        SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma, PDL=pdl,
+        num_warps=tune.get("num_warps", 4), **pdl_kw,
     )
     nb_pad = max(16, next_pow2(NB))
     score_attend_merge_kernel[(T, HQ)](
         scores, part_o, part_lse, token_pos, out, NB,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
         HQ=HQ, G=G, TOPK=topk, TOPK_PAD=max(2, next_pow2(topk)), NB_PAD=nb_pad,
-        KEY_SPLIT=key_split, SPARSE_BLOCK=sparse_block, D=D, D_PAD=D_PAD,
-        num_warps=tune.get("merge_warps", 4),
+        KEY_SPLIT=key_split, SPARSE_BLOCK=sparse_block, D=D, D_PAD=D_PAD, PDL=pdl,
+        num_warps=tune.get("merge_warps", 4), **pdl_kw,
     )
     return out
 
