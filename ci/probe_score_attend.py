@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Probe: device time of each kernel of the batch-1/2/4 decode step at 8k
 context, the chain (index, select, attention, merge; and with the select in
-the attention) against ``score_attend_decode`` (block, merge; with and without PDL), by the
+the attention) against ``score_attend_decode`` (block, merge; with and without PDL, float32 or float16 partials), by the
 profiler's kernel records (L2 flushed by a 256 MiB write before each call),
 and the CUDA-graph replay of each whole step.  $OUT/probe_score_attend.json.
 
@@ -26,8 +26,7 @@ def main():
     score_attend = score_attend_fn(block_sparse_attention)
     rows = []
     # (batch, KV scale mode, all variants or only chain / two launches with and without PDL)
-    for batch, kv_mode, every in ((1, 0, True), (2, 0, False), (1, 1, False), (1, 2, False),
-                                  (4, 0, False), (4, 2, False)):
+    for batch, kv_mode, every in ((1, 0, True), (2, 0, False), (1, 1, False), (1, 2, False)):
         bt = Batch([8192] * batch, 1, kv_mode, dev)
         sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         o = torch.empty_like(bt.q)
@@ -49,11 +48,11 @@ def main():
 
         variants = [("chain", chain),
                     ("score_attend", two_launch),  # PDL where supported
-                    ("score_attend_no_pdl", lambda: two_launch(pdl=False))]
+                    ("score_attend_no_pdl", lambda: two_launch(pdl=False)),
+                    ("score_attend_f32_partials", lambda: two_launch(f32_partials=True))]
         if every:
             variants += [("select_in_attention", select_in_attention),
                          ("score_attend_ks2", lambda: two_launch(key_split=2)),
-                         ("score_attend_ks8", lambda: two_launch(key_split=8)),
                          ("score_attend_w2", lambda: two_launch(num_warps=2)),
                          ("score_attend_mw2", lambda: two_launch(merge_warps=2))]
         for name, fn in variants:

@@ -255,7 +255,7 @@ def main():
                                   (3, "*bf16", 4), (0, "*fp8e4nv", 4), (0, "*bf16", 1)):
         ptrs = dict(idx_q_ptr="*bf16", idx_k_ptr=idx_keys, idx_ks_ptr="*fp32", q_ptr="*bf16",
                     kv_ptr="*bf16" if mode == 0 else "*fp8e4nv", bt_ptr="*i32",
-                    req_ptr="*i32", pos_ptr="*i32", scores_ptr="*fp32", part_o_ptr="*fp32",
+                    req_ptr="*i32", pos_ptr="*i32", scores_ptr="*fp32", part_o_ptr="*fp16",
                     part_lse_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32",
                     kvs_ptr="*fp32")
         cubin = compile_kernel(score_attend_block_kernel, ptrs, dict(
@@ -268,7 +268,7 @@ def main():
               f"KEY_SPLIT={split} ({len(cubin)} B cubin)", flush=True)
         done += 1
     cubin = compile_kernel(score_attend_merge_kernel, dict(
-        scores_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32", pos_ptr="*i32",
+        scores_ptr="*fp32", part_o_ptr="*fp16", part_lse_ptr="*fp32", pos_ptr="*i32",
         out_ptr="*bf16"), dict(HQ=16, G=16, TOPK=16, TOPK_PAD=16, NB_PAD=64, KEY_SPLIT=4,
                                SPARSE_BLOCK=128, D=128, D_PAD=128, PDL=True), 4)
     assert len(cubin) > 0

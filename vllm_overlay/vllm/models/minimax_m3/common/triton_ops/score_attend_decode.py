@@ -31,7 +31,8 @@ Layouts (element strides, last dims contiguous):
   (model dtype, or fp8 with idx_ks [num_pages, page_size] float32)
   q [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
   scores  [T, H, NB] float32: written for blocks up to the token's own
-  part_o  [T, Hq, NB, D_PAD] float32, normalised per block (v_scale applied
+  part_o  [T, Hq, NB, D_PAD] float32 (float16 for half-precision queries),
+          normalised per block (v_scale applied
           with SCALE_MODE 1);  part_lse [T, Hq, NB] float32 (log2 of the
           block's softmax mass); both written for blocks up to the own block
   out     [T, Hq, D] (q dtype)
@@ -175,7 +176,8 @@ def score_attend_block_kernel(
             # the range's first key is visible, so l_i > 0 on real rows
             lse = m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0))
             ph = (t64 * HQ + heads) * (NB * KEY_SPLIT) + b * KEY_SPLIT + r
-            tl.store(part_o_ptr + ph[:, None] * D_PAD + offs_d[None, :], o,
+            tl.store(part_o_ptr + ph[:, None] * D_PAD + offs_d[None, :],
+                     o.to(part_o_ptr.dtype.element_ty),
                      mask=mmask[:, None] & dmask[None, :])
             tl.store(part_lse_ptr + ph, lse, mask=mmask)
 
@@ -224,7 +226,7 @@ def score_attend_merge_kernel(
     prow = (t64 * HQ + h) * (NB * KEY_SPLIT) + blk * KEY_SPLIT + rng
     lse = tl.load(part_lse_ptr + prow, mask=take, other=float("-inf"))
     o = tl.load(part_o_ptr + prow[:, None] * D_PAD + offs_d[None, :], mask=take[:, None],
-                other=0.0)
+                other=0.0).to(tl.float32)
     lse = tl.where(take, lse, float("-inf"))
     m = tl.max(lse, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)

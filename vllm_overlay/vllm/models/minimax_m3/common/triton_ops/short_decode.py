@@ -58,7 +58,8 @@ def score_attend_decode(
     ``SELECT_MAX_BLOCKS`` blocks), by scoring and attending every visible
     block and merging the top-k.  ``_tune``: ``num_warps`` of the block launch,
     ``merge_warps`` of the merge launch, ``key_split`` (key ranges per block,
-    default ``SCORE_ATTEND_KEY_SPLIT``), ``pdl`` (programmatic dependent
+    default ``SCORE_ATTEND_KEY_SPLIT``), ``f32_partials`` (float32 partials
+    for half-precision queries too), ``pdl`` (programmatic dependent
     launch of both kernels; default as the decode chain,
     ``VLLM_MINIMAX_M3_PDL``).
     Returns [T, Hq, D] in q.dtype."""
@@ -107,7 +108,10 @@ def score_attend_decode(
         q, kv_scale_mode, k_scale, v_scale, kv_scales, fold_scalar_scales)
 
     scores = torch.empty((T, HKV, NB * key_split), dtype=torch.float32, device=device)
-    part_o = torch.empty((T, HQ, NB * key_split, D_PAD), dtype=torch.float32, device=device)
+    # float16 partials for half-precision queries (as the block-major prefill's):
+    # a normalised per-range output is a convex mix of V rows; half the bytes
+    part_dtype = torch.float32 if ieee or tune.get("f32_partials") else torch.float16
+    part_o = torch.empty((T, HQ, NB * key_split, D_PAD), dtype=part_dtype, device=device)
     part_lse = torch.empty((T, HQ, NB * key_split), dtype=torch.float32, device=device)
     score_attend_block_kernel[(NB, T, HKV * 2 * key_split)](
         idx_q, idx_k_cache, iks, q, kv_cache, block_table, token_req, token_pos,
