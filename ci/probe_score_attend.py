@@ -49,7 +49,9 @@ def main():
         variants = [("chain", chain),
                     ("score_attend", two_launch),  # PDL where supported
                     ("score_attend_no_pdl", lambda: two_launch(pdl=False)),
-                    ("score_attend_f32_partials", lambda: two_launch(f32_partials=True))]
+                    ("score_attend_f32_partials", lambda: two_launch(f32_partials=True)),
+                    ("score_attend_merge_all4", lambda: two_launch(merge_all_rows=4)),
+                    ("score_attend_merge_all8", lambda: two_launch(merge_all_rows=8))]
         if every:
             variants += [("select_in_attention", select_in_attention),
                          ("score_attend_ks2", lambda: two_launch(key_split=2)),

@@ -235,3 +235,53 @@ def score_attend_merge_kernel(
     res = tl.sum(tl.where(take[:, None], o * w[:, None], 0.0), axis=0)
     tl.store(out_ptr + t64 * stride_ot + h * stride_oh + offs_d,
              res.to(out_ptr.dtype.element_ty), mask=offs_d < D)
+
+
+@triton.jit
+def score_attend_merge_all_kernel(
+    scores_ptr, part_o_ptr, part_lse_ptr, pos_ptr, out_ptr, NB,
+    stride_st, stride_sth, stride_ot, stride_oh,
+    HQ: tl.constexpr, G: tl.constexpr, TOPK: tl.constexpr,
+    NB_PAD: tl.constexpr, KEY_SPLIT: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, DC: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """``score_attend_merge_kernel`` in one round of loads: program (token,
+    query head, column chunk of DC) loads the scores and every visible key
+    range's partial (its DC columns) at once, then ranks the blocks and
+    merges the chosen ones' rows."""
+    if PDL:
+        tl_cuda.gdc_launch_dependents()
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    c0 = tl.program_id(2) * DC
+    t64 = t.to(tl.int64)
+    pos = tl.load(pos_ptr + t)
+    if PDL:
+        tl_cuda.gdc_wait()  # the block launch's scores and partials are complete
+    n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, NB)
+    offs_b = tl.arange(0, NB_PAD)
+    offs_r = tl.arange(0, KEY_SPLIT)
+    sc = tl.load(scores_ptr + t64 * stride_st + (h // G) * stride_sth
+                 + offs_b[:, None] * KEY_SPLIT + offs_r[None, :],
+                 mask=(offs_b < NB)[:, None], other=float("-inf"))
+    # every written partial row ([block, key range] flattened): no wait on the ranks
+    P: tl.constexpr = NB_PAD * KEY_SPLIT
+    offs_p = tl.arange(0, P)
+    offs_c = c0 + tl.arange(0, DC)
+    written = offs_p * (SPARSE_BLOCK // KEY_SPLIT) <= pos
+    prow = (t64 * HQ + h) * (NB * KEY_SPLIT) + offs_p
+    lse = tl.load(part_lse_ptr + prow, mask=written, other=float("-inf"))
+    o = tl.load(part_o_ptr + prow[:, None] * D_PAD + offs_c[None, :], mask=written[:, None],
+                other=0.0).to(tl.float32)
+    sc = tl.where((offs_b < n_valid)[:, None], sc, float("-inf"))
+    _, chosen = vector_ranks(tl.max(sc, axis=1), TOPK)
+    take = tl.reshape(tl.broadcast_to(chosen[:, None], [NB_PAD, KEY_SPLIT]), [P]) & written
+    lse = tl.where(take, lse, float("-inf"))
+    m = tl.max(lse, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.where(take, tl.exp2(lse - m_safe), 0.0)
+    w = w / tl.where(tl.sum(w, axis=0) > 0.0, tl.sum(w, axis=0), 1.0)
+    res = tl.sum(tl.where(take[:, None], o * w[:, None], 0.0), axis=0)
+    tl.store(out_ptr + t64 * stride_ot + h * stride_oh + offs_c,
+             res.to(out_ptr.dtype.element_ty), mask=offs_c < D)

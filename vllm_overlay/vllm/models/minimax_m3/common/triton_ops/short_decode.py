@@ -10,7 +10,8 @@ from ._utils import (SELECT_MAX_BLOCKS, cdiv, check_triton, largest_pow2_divisor
                      use_pdl)
 from .attention import attention_output, kv_scale_args, validate_attention_inputs
 from .indexer import _validate as validate_index_inputs
-from .score_attend_decode import score_attend_block_kernel, score_attend_merge_kernel
+from .score_attend_decode import (score_attend_block_kernel, score_attend_merge_all_kernel,
+                                  score_attend_merge_kernel)
 
 
 # key ranges per sparse block, one attention program each (as the chain's
@@ -130,6 +131,16 @@ def score_attend_decode(
         num_warps=tune.get("num_warps", 4), **pdl_kw,
     )
     nb_pad = max(16, next_pow2(NB))
+    d_chunks = int(tune.get("merge_all_rows", 0))
+    if d_chunks:
+        score_attend_merge_all_kernel[(T, HQ, d_chunks)](
+            scores, part_o, part_lse, token_pos, out, NB,
+            scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
+            HQ=HQ, G=G, TOPK=topk, NB_PAD=nb_pad, KEY_SPLIT=key_split,
+            SPARSE_BLOCK=sparse_block, D=D, D_PAD=D_PAD, DC=D_PAD // d_chunks, PDL=pdl,
+            num_warps=tune.get("merge_warps", 4), **pdl_kw,
+        )
+        return out
     score_attend_merge_kernel[(T, HQ)](
         scores, part_o, part_lse, token_pos, out, NB,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
