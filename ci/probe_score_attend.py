@@ -6,10 +6,12 @@ profiler's kernel records (L2 flushed by a 256 MiB write before each call),
 and the CUDA-graph replay of each whole step.  $OUT/probe_score_attend.json.
 
   PYTHONPATH=<stub vllm> python ci/probe_score_attend.py
+  PAIRED=9 ...: only the paired rounds of ``paired``
 """
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,6 +27,8 @@ def main():
     index_block_topk, block_sparse_attention, _ = load_kernels()
     score_attend = score_attend_fn(block_sparse_attention)
     rows = []
+    if os.environ.get("PAIRED"):
+        return paired(dev, timer, score_attend, int(os.environ["PAIRED"]))
     # (batch, KV scale mode, all variants or only chain / two launches with and without PDL)
     for batch, kv_mode, every in ((1, 0, True), (2, 0, False), (1, 1, False), (1, 2, False)):
         bt = Batch([8192] * batch, 1, kv_mode, dev)
@@ -65,6 +69,34 @@ def main():
     out = Path(os.environ.get("OUT", "out"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe_score_attend.json").write_text(json.dumps(rows, indent=1))
+
+
+def paired(dev, timer, score_attend, rounds):
+    """PAIRED=<rounds>: the default two launches against the one-round merge
+    (``merge_all_rows=4``), graphs timed in alternating rounds (write flush
+    and read flush), so drift between calls cancels."""
+    rows = []
+    for batch, kv_mode in ((1, 0), (2, 0), (1, 2)):
+        bt = Batch([8192] * batch, 1, kv_mode, dev)
+        o = torch.empty_like(bt.q)
+        kv = (bt.kv, bt.block_table, bt.token_req, bt.token_pos)
+        sc = (kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales)
+        graphs = {name: timer.graph(lambda tune=tune: score_attend(
+            bt.idx_q, bt.idx_k, bt.q, *kv, B, TOPK, 1, 0, D ** -0.5, *sc, out=o, _tune=tune))
+            for name, tune in (("default", {}), ("merge_all4", dict(merge_all_rows=4)))}
+        for flush in ("write", "read"):
+            us = {name: [] for name in graphs}
+            for _ in range(rounds):
+                for name, g in graphs.items():
+                    us[name].append(timer.time_graph(g, flush))
+            r = dict(batch=batch, context=8192, kv_mode=kv_mode, flush=flush, us=us,
+                     median={n: statistics.median(v) for n, v in us.items()},
+                     b_faster=sum(b < a for a, b in zip(us["default"], us["merge_all4"])))
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    out = Path(os.environ.get("OUT", "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe_score_attend_paired.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
