@@ -54,8 +54,10 @@ def main():
                     ("score_attend", two_launch),  # PDL where supported
                     ("score_attend_no_pdl", lambda: two_launch(pdl=False)),
                     ("score_attend_f32_partials", lambda: two_launch(f32_partials=True)),
-                    ("score_attend_merge_all4", lambda: two_launch(merge_all_rows=4)),
-                    ("score_attend_merge_all8", lambda: two_launch(merge_all_rows=8))]
+                    ("score_attend_rank_merge", lambda: two_launch(merge_one_round=False)),
+                    ("score_attend_one_round_merge", lambda: two_launch(merge_one_round=True)),
+                    ("score_attend_one_round_merge_c8",
+                     lambda: two_launch(merge_one_round=True, merge_chunks=8))]
         if every:
             variants += [("select_in_attention", select_in_attention),
                          ("score_attend_ks2", lambda: two_launch(key_split=2)),
@@ -72,9 +74,10 @@ def main():
 
 
 def paired(dev, timer, score_attend, rounds):
-    """PAIRED=<rounds>: the default two launches against the one-round merge
-    (``merge_all_rows=4``), graphs timed in alternating rounds (write flush
-    and read flush), so drift between calls cancels."""
+    """PAIRED=<rounds>: the two launches with the merge that loads the chosen
+    rows after the ranks against the one that loads every row with the
+    scores (``merge_one_round``), graphs timed in alternating rounds (write
+    flush and read flush), so drift between calls cancels."""
     rows = []
     for batch, kv_mode in ((1, 0), (2, 0), (1, 2)):
         bt = Batch([8192] * batch, 1, kv_mode, dev)
@@ -83,7 +86,8 @@ def paired(dev, timer, score_attend, rounds):
         sc = (kv_mode, bt.k_scale, bt.v_scale, bt.kv_scales)
         graphs = {name: timer.graph(lambda tune=tune: score_attend(
             bt.idx_q, bt.idx_k, bt.q, *kv, B, TOPK, 1, 0, D ** -0.5, *sc, out=o, _tune=tune))
-            for name, tune in (("default", {}), ("merge_all4", dict(merge_all_rows=4)))}
+            for name, tune in (("rank_merge", dict(merge_one_round=False)),
+                               ("one_round_merge", dict(merge_one_round=True)))}
         for flush in ("write", "read"):
             us = {name: [] for name in graphs}
             for _ in range(rounds):
@@ -91,7 +95,8 @@ def paired(dev, timer, score_attend, rounds):
                     us[name].append(timer.time_graph(g, flush))
             r = dict(batch=batch, context=8192, kv_mode=kv_mode, flush=flush, us=us,
                      median={n: statistics.median(v) for n, v in us.items()},
-                     b_faster=sum(b < a for a, b in zip(us["default"], us["merge_all4"])))
+                     one_round_faster=sum(b < a for a, b in zip(us["rank_merge"],
+                                                                us["one_round_merge"])))
             rows.append(r)
             print(json.dumps(r), flush=True)
     out = Path(os.environ.get("OUT", "out"))

@@ -267,13 +267,17 @@ def main():
         print(f"compiled score_attend_block_kernel mode {mode} index keys {idx_keys} "
               f"KEY_SPLIT={split} ({len(cubin)} B cubin)", flush=True)
         done += 1
-    cubin = compile_kernel(score_attend_merge_kernel, dict(
-        scores_ptr="*fp32", part_o_ptr="*fp16", part_lse_ptr="*fp32", pos_ptr="*i32",
-        out_ptr="*bf16"), dict(HQ=16, G=16, TOPK=16, TOPK_PAD=16, NB_PAD=64, KEY_SPLIT=4,
-                               SPARSE_BLOCK=128, D=128, D_PAD=128, PDL=True), 4)
-    assert len(cubin) > 0
-    print(f"compiled score_attend_merge_kernel PDL=True ({len(cubin)} B cubin)", flush=True)
-    done += 1
+    # its merge: one round of loads in 4 column chunks (batch 1), or after the ranks
+    for one_round, dc in ((True, 32), (False, 128)):
+        cubin = compile_kernel(score_attend_merge_kernel, dict(
+            scores_ptr="*fp32", part_o_ptr="*fp16", part_lse_ptr="*fp32", pos_ptr="*i32",
+            out_ptr="*bf16"), dict(HQ=16, G=16, TOPK=16, TOPK_PAD=16, NB_PAD=64, KEY_SPLIT=4,
+                                   SPARSE_BLOCK=128, D=128, D_PAD=128, DC=dc,
+                                   ONE_ROUND=one_round, PDL=True), 4)
+        assert len(cubin) > 0
+        print(f"compiled score_attend_merge_kernel ONE_ROUND={one_round} DC={dc} PDL=True "
+              f"({len(cubin)} B cubin)", flush=True)
+        done += 1
     print(f"ok {done} kernels")
     return 0
 

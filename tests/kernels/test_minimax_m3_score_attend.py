@@ -58,6 +58,10 @@ def test_score_attend_decode(case, shape, dtype):
         got = score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, 1, 0, D ** -0.5, mode,
                                   ks, vs, kvs, fold_scalar_scales=fold, out=out)
         assert got is out
+        # the other merge (one round of loads at batch 1 by default, else after the ranks)
+        other = score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, 1, 0, D ** -0.5, mode,
+                                    ks, vs, kvs, fold_scalar_scales=fold,
+                                    _tune=dict(merge_one_round=batch.T > 1, merge_chunks=2))
         atol, rtol = tol(dtype)
         atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
         where = f"[seed {seed} mode {mode} fold {fold}]"
@@ -65,6 +69,8 @@ def test_score_attend_decode(case, shape, dtype):
                                    msg=lambda m: f"{where} oracle: {m}")
         torch.testing.assert_close(got.float(), chain.float(), atol=atol, rtol=rtol,
                                    msg=lambda m: f"{where} chain: {m}")
+        torch.testing.assert_close(other.float(), got.float(), atol=atol, rtol=rtol,
+                                   msg=lambda m: f"{where} other merge: {m}")
 
 
 def test_score_attend_decode_several_key_tiles_per_range():

@@ -188,17 +188,21 @@ def score_attend_merge_kernel(
     stride_st, stride_sth, stride_ot, stride_oh,
     HQ: tl.constexpr, G: tl.constexpr, TOPK: tl.constexpr, TOPK_PAD: tl.constexpr,
     NB_PAD: tl.constexpr, KEY_SPLIT: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    PDL: tl.constexpr = False,
+    SPARSE_BLOCK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, DC: tl.constexpr,
+    ONE_ROUND: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Ranks the token's block scores (as ``row_ranks``: ties to the lower
-    block), then loads the partials of the chosen
-    blocks' key ranges that hold a visible key (only those were written:
-    masked loads, and ``where``, never a product, with what the rest hold)."""
+    """Program (token, query head, column chunk of DC): ranks the token's
+    block scores (as ``row_ranks``: ties to the lower block) and merges the
+    partials of the chosen blocks' key ranges that hold a visible key (only
+    those were written: masked loads, and ``where``, never a product, with
+    what the rest hold).  ONE_ROUND loads every written partial row with the
+    scores, before the ranks are known (one round of dependent loads, all of
+    the rows' bytes); otherwise only the chosen rows, after the ranks."""
     if PDL:
         tl_cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     h = tl.program_id(1)
+    offs_c = tl.program_id(2) * DC + tl.arange(0, DC)
     t64 = t.to(tl.int64)
     pos = tl.load(pos_ptr + t)
     if PDL:
@@ -210,73 +214,33 @@ def score_attend_merge_kernel(
     sc = tl.load(scores_ptr + t64 * stride_st + (h // G) * stride_sth
                  + offs_b[:, None] * KEY_SPLIT + offs_r[None, :],
                  mask=(offs_b < NB)[:, None], other=float("-inf"))
-    sc = tl.where((offs_b < n_valid)[:, None], sc, float("-inf"))
-    rank, chosen = vector_ranks(tl.max(sc, axis=1), TOPK)
-    # slot i: the block of rank i (block id + 1 summed, so 0 marks an empty slot)
-    offs_k = tl.arange(0, TOPK_PAD)
-    hit = (rank[None, :] == offs_k[:, None]) & chosen[None, :]
-    ids = tl.sum(tl.where(hit, tl.arange(0, NB_PAD)[None, :] + 1, 0), axis=1) - 1
-    # partial rows: [slot, key range] flattened
-    P: tl.constexpr = TOPK_PAD * KEY_SPLIT
-    offs_p = tl.arange(0, P)
-    offs_d = tl.arange(0, D_PAD)
-    blk = tl.reshape(tl.broadcast_to(ids[:, None], [TOPK_PAD, KEY_SPLIT]), [P])
-    rng = offs_p % KEY_SPLIT
-    take = (blk >= 0) & (blk * SPARSE_BLOCK + rng * (SPARSE_BLOCK // KEY_SPLIT) <= pos)
-    prow = (t64 * HQ + h) * (NB * KEY_SPLIT) + blk * KEY_SPLIT + rng
-    lse = tl.load(part_lse_ptr + prow, mask=take, other=float("-inf"))
-    o = tl.load(part_o_ptr + prow[:, None] * D_PAD + offs_d[None, :], mask=take[:, None],
-                other=0.0).to(tl.float32)
-    lse = tl.where(take, lse, float("-inf"))
-    m = tl.max(lse, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.where(take, tl.exp2(lse - m_safe), 0.0)
-    w = w / tl.where(tl.sum(w, axis=0) > 0.0, tl.sum(w, axis=0), 1.0)
-    res = tl.sum(tl.where(take[:, None], o * w[:, None], 0.0), axis=0)
-    tl.store(out_ptr + t64 * stride_ot + h * stride_oh + offs_d,
-             res.to(out_ptr.dtype.element_ty), mask=offs_d < D)
-
-
-@triton.jit
-def score_attend_merge_all_kernel(
-    scores_ptr, part_o_ptr, part_lse_ptr, pos_ptr, out_ptr, NB,
-    stride_st, stride_sth, stride_ot, stride_oh,
-    HQ: tl.constexpr, G: tl.constexpr, TOPK: tl.constexpr,
-    NB_PAD: tl.constexpr, KEY_SPLIT: tl.constexpr,
-    SPARSE_BLOCK: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, DC: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    """``score_attend_merge_kernel`` in one round of loads: program (token,
-    query head, column chunk of DC) loads the scores and every visible key
-    range's partial (its DC columns) at once, then ranks the blocks and
-    merges the chosen ones' rows."""
-    if PDL:
-        tl_cuda.gdc_launch_dependents()
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    c0 = tl.program_id(2) * DC
-    t64 = t.to(tl.int64)
-    pos = tl.load(pos_ptr + t)
-    if PDL:
-        tl_cuda.gdc_wait()  # the block launch's scores and partials are complete
-    n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, NB)
-    offs_b = tl.arange(0, NB_PAD)
-    offs_r = tl.arange(0, KEY_SPLIT)
-    sc = tl.load(scores_ptr + t64 * stride_st + (h // G) * stride_sth
-                 + offs_b[:, None] * KEY_SPLIT + offs_r[None, :],
-                 mask=(offs_b < NB)[:, None], other=float("-inf"))
-    # every written partial row ([block, key range] flattened): no wait on the ranks
-    P: tl.constexpr = NB_PAD * KEY_SPLIT
-    offs_p = tl.arange(0, P)
-    offs_c = c0 + tl.arange(0, DC)
-    written = offs_p * (SPARSE_BLOCK // KEY_SPLIT) <= pos
-    prow = (t64 * HQ + h) * (NB * KEY_SPLIT) + offs_p
-    lse = tl.load(part_lse_ptr + prow, mask=written, other=float("-inf"))
-    o = tl.load(part_o_ptr + prow[:, None] * D_PAD + offs_c[None, :], mask=written[:, None],
-                other=0.0).to(tl.float32)
-    sc = tl.where((offs_b < n_valid)[:, None], sc, float("-inf"))
-    _, chosen = vector_ranks(tl.max(sc, axis=1), TOPK)
-    take = tl.reshape(tl.broadcast_to(chosen[:, None], [NB_PAD, KEY_SPLIT]), [P]) & written
+    row0 = (t64 * HQ + h) * (NB * KEY_SPLIT)
+    if ONE_ROUND:  # rows [block, key range] flattened
+        P: tl.constexpr = NB_PAD * KEY_SPLIT
+        offs_p = tl.arange(0, P)
+        written = offs_p * (SPARSE_BLOCK // KEY_SPLIT) <= pos
+        lse = tl.load(part_lse_ptr + row0 + offs_p, mask=written, other=float("-inf"))
+        o = tl.load(part_o_ptr + (row0 + offs_p)[:, None] * D_PAD + offs_c[None, :],
+                    mask=written[:, None], other=0.0).to(tl.float32)
+        sc = tl.where((offs_b < n_valid)[:, None], sc, float("-inf"))
+        _, chosen = vector_ranks(tl.max(sc, axis=1), TOPK)
+        take = tl.reshape(tl.broadcast_to(chosen[:, None], [NB_PAD, KEY_SPLIT]), [P]) & written
+    else:  # rows [slot, key range] flattened
+        sc = tl.where((offs_b < n_valid)[:, None], sc, float("-inf"))
+        rank, chosen = vector_ranks(tl.max(sc, axis=1), TOPK)
+        # slot i: the block of rank i (block id + 1 summed, so 0 marks an empty slot)
+        offs_k = tl.arange(0, TOPK_PAD)
+        hit = (rank[None, :] == offs_k[:, None]) & chosen[None, :]
+        ids = tl.sum(tl.where(hit, tl.arange(0, NB_PAD)[None, :] + 1, 0), axis=1) - 1
+        P2: tl.constexpr = TOPK_PAD * KEY_SPLIT
+        offs_p = tl.arange(0, P2)
+        blk = tl.reshape(tl.broadcast_to(ids[:, None], [TOPK_PAD, KEY_SPLIT]), [P2])
+        rng = offs_p % KEY_SPLIT
+        take = (blk >= 0) & (blk * SPARSE_BLOCK + rng * (SPARSE_BLOCK // KEY_SPLIT) <= pos)
+        prow = row0 + blk * KEY_SPLIT + rng
+        lse = tl.load(part_lse_ptr + prow, mask=take, other=float("-inf"))
+        o = tl.load(part_o_ptr + prow[:, None] * D_PAD + offs_c[None, :], mask=take[:, None],
+                    other=0.0).to(tl.float32)
     lse = tl.where(take, lse, float("-inf"))
     m = tl.max(lse, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)

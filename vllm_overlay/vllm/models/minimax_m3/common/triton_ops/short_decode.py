@@ -10,13 +10,19 @@ from ._utils import (SELECT_MAX_BLOCKS, cdiv, check_triton, largest_pow2_divisor
                      use_pdl)
 from .attention import attention_output, kv_scale_args, validate_attention_inputs
 from .indexer import _validate as validate_index_inputs
-from .score_attend_decode import (score_attend_block_kernel, score_attend_merge_all_kernel,
-                                  score_attend_merge_kernel)
+from .score_attend_decode import score_attend_block_kernel, score_attend_merge_kernel
 
 
 # key ranges per sparse block, one attention program each (as the chain's
 # ``key_split`` at batch 1-2)
 SCORE_ATTEND_KEY_SPLIT = 4
+# the merge loads every written partial row with the scores (one round of
+# dependent loads) for batches of at most this many tokens, in this many
+# column chunks per query head.  H200, ci/probe_score_attend.py PAIRED=11
+# (run 38, 8k context, one KV head): 11.68 against 12.32 us at batch 1
+# (faster in 11 of 11 rounds), 15.23 against 14.72 at batch 2 (0 of 11)
+SCORE_ATTEND_ONE_ROUND_TOKENS = 1
+SCORE_ATTEND_MERGE_CHUNKS = 4
 
 
 def score_attend_fits(num_tokens: int, num_kv_heads: int, max_blocks: int, sms: int) -> bool:
@@ -59,7 +65,9 @@ def score_attend_decode(
     ``SELECT_MAX_BLOCKS`` blocks), by scoring and attending every visible
     block and merging the top-k.  ``_tune``: ``num_warps`` of the block launch,
     ``merge_warps`` of the merge launch, ``key_split`` (key ranges per block,
-    default ``SCORE_ATTEND_KEY_SPLIT``), ``f32_partials`` (float32 partials
+    default ``SCORE_ATTEND_KEY_SPLIT``), ``merge_one_round`` and
+    ``merge_chunks`` (the merge's load rounds and column chunks; default:
+    ``SCORE_ATTEND_ONE_ROUND_TOKENS``), ``f32_partials`` (float32 partials
     for half-precision queries too), ``pdl`` (programmatic dependent
     launch of both kernels; default as the decode chain,
     ``VLLM_MINIMAX_M3_PDL``).
@@ -131,21 +139,15 @@ def score_attend_decode(
         num_warps=tune.get("num_warps", 4), **pdl_kw,
     )
     nb_pad = max(16, next_pow2(NB))
-    d_chunks = int(tune.get("merge_all_rows", 0))
-    if d_chunks:
-        score_attend_merge_all_kernel[(T, HQ, d_chunks)](
-            scores, part_o, part_lse, token_pos, out, NB,
-            scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
-            HQ=HQ, G=G, TOPK=topk, NB_PAD=nb_pad, KEY_SPLIT=key_split,
-            SPARSE_BLOCK=sparse_block, D=D, D_PAD=D_PAD, DC=D_PAD // d_chunks, PDL=pdl,
-            num_warps=tune.get("merge_warps", 4), **pdl_kw,
-        )
-        return out
-    score_attend_merge_kernel[(T, HQ)](
+    one_round = bool(tune.get("merge_one_round", T <= SCORE_ATTEND_ONE_ROUND_TOKENS))
+    chunks = min(int(tune.get("merge_chunks", SCORE_ATTEND_MERGE_CHUNKS if one_round else 1)),
+                 D_PAD // 16)
+    score_attend_merge_kernel[(T, HQ, chunks)](
         scores, part_o, part_lse, token_pos, out, NB,
         scores.stride(0), scores.stride(1), out.stride(0), out.stride(1),
         HQ=HQ, G=G, TOPK=topk, TOPK_PAD=max(2, next_pow2(topk)), NB_PAD=nb_pad,
-        KEY_SPLIT=key_split, SPARSE_BLOCK=sparse_block, D=D, D_PAD=D_PAD, PDL=pdl,
+        KEY_SPLIT=key_split, SPARSE_BLOCK=sparse_block, D=D, D_PAD=D_PAD,
+        DC=D_PAD // chunks, ONE_ROUND=one_round, PDL=pdl,
         num_warps=tune.get("merge_warps", 4), **pdl_kw,
     )
     return out
