@@ -95,12 +95,13 @@ def engine_takes_score_attend(block_sparse_attention, bt, dev):
                                                                         sms)
 
 
-def score_attend_step(block_sparse_attention, bt, kv_mode, out):
-    """A callable running ``score_attend_decode`` on the decode batch ``bt``."""
+def score_attend_step(block_sparse_attention, bt, kv_mode, out, tune=None):
+    """A callable running ``score_attend_decode`` on the decode batch ``bt``
+    (with ``_tune=tune``)."""
     fn = score_attend_fn(block_sparse_attention)
     return lambda: fn(bt.idx_q, bt.idx_k, bt.q, bt.kv, bt.block_table, bt.token_req,
                       bt.token_pos, B, TOPK, 1, 0, D ** -0.5, kv_mode, bt.k_scale, bt.v_scale,
-                      bt.kv_scales, out=out)
+                      bt.kv_scales, out=out, _tune=tune)
 
 
 # ----------------------------------------------------------------------------
@@ -1330,7 +1331,9 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
     ``PARITY_DECODE`` ("BxC", default batch 1), prefill ``PARITY_PREFILL``
     (chunk x context, default an 8192-token chunk at 8k and 32k context);
     ``PARITY_EXTRA``: more decode kinds, "name:kv_mode:json _tune" joined by
-    ";" (e.g. 'fp8-ks2:1:{"key_split": 2}'), timed in the same turns."""
+    ";" (e.g. 'fp8-ks2:1:{"key_split": 2}'), timed in the same turns: the
+    chain's attention with that ``_tune``, or with ``"score_attend": true``
+    in it the two launches (where the engine takes them) with the rest."""
     rounds = int(os.environ.get("PARITY_ROUNDS", "7"))
     kinds = [(name, mode, {}) for name, mode in KV_KINDS]
     for spec in filter(None, os.environ.get("PARITY_EXTRA", "").split(";")):
@@ -1355,8 +1358,10 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
 
             # the engine's path (two launches for batch 1-2 over <= 64 blocks); the
             # PARITY_EXTRA variants tune the chain's attention
-            sa = (score_attend_step(block_sparse_attention, bt, kv_mode, o)
-                  if phase == "decode" and not tune
+            sa_tune = dict(tune)
+            on_sa = sa_tune.pop("score_attend", False)
+            sa = (score_attend_step(block_sparse_attention, bt, kv_mode, o, sa_tune)
+                  if phase == "decode" and (on_sa or not tune)
                   and engine_takes_score_attend(block_sparse_attention, bt, dev) else None)
 
             paths[kv_name] = "score_attend" if sa is not None else "chain"
