@@ -250,9 +250,12 @@ def main():
     done += 2
     # the two-launch decode of batch 1-2 over 64-block tables (score_attend_decode):
     # every scale mode with 4 key ranges per block, bf16 and fp8 index keys, one range;
-    # PDL as the engine launches them at batch 1-2 on sm90
-    for mode, idx_keys, split in ((0, "*bf16", 4), (1, "*bf16", 4), (2, "*bf16", 4),
-                                  (3, "*bf16", 4), (0, "*fp8e4nv", 4), (0, "*bf16", 1)):
+    # PDL as the engine launches them at batch 1-2 on sm90; 4 warps (batch 1) and,
+    # for the scale modes, 2 (batch 2)
+    for mode, idx_keys, split, warps in (
+            (0, "*bf16", 4, 4), (1, "*bf16", 4, 4), (2, "*bf16", 4, 4), (3, "*bf16", 4, 4),
+            (0, "*fp8e4nv", 4, 4), (0, "*bf16", 1, 4),
+            (0, "*bf16", 4, 2), (1, "*bf16", 4, 2), (2, "*bf16", 4, 2), (3, "*bf16", 4, 2)):
         ptrs = dict(idx_q_ptr="*bf16", idx_k_ptr=idx_keys, idx_ks_ptr="*fp32", q_ptr="*bf16",
                     kv_ptr="*bf16" if mode == 0 else "*fp8e4nv", bt_ptr="*i32",
                     req_ptr="*i32", pos_ptr="*i32", scores_ptr="*fp32", part_o_ptr="*fp16",
@@ -262,10 +265,10 @@ def main():
             HQ=16, G=16, G_PAD=16, D=128, D_PAD=128, DI=128, DI_PAD=128, SPARSE_BLOCK=128,
             IDX_BLOCK_N=128 // split, KEY_SPLIT=split, BLOCK_N=128 // split, PAGE_SIZE=64,
             LOCAL=1, INIT=0, K_SCALED=idx_keys != "*bf16", SCALE_MODE=mode, IEEE=False,
-            FP16_MMA=mode != 0, PDL=True), 4)
+            FP16_MMA=mode != 0, PDL=True), warps)
         assert len(cubin) > 0
         print(f"compiled score_attend_block_kernel mode {mode} index keys {idx_keys} "
-              f"KEY_SPLIT={split} ({len(cubin)} B cubin)", flush=True)
+              f"KEY_SPLIT={split} warps {warps} ({len(cubin)} B cubin)", flush=True)
         done += 1
     # its merge: one round of loads in 4 column chunks (batch 1), or after the ranks
     for one_round, dc in ((True, 32), (False, 128)):

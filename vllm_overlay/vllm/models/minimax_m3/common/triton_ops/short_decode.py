@@ -23,6 +23,10 @@ SCORE_ATTEND_KEY_SPLIT = 4
 # (faster in 11 of 11 rounds), 15.23 against 14.72 at batch 2 (0 of 11)
 SCORE_ATTEND_ONE_ROUND_TOKENS = 1
 SCORE_ATTEND_MERGE_CHUNKS = 4
+# the block launch runs 4 warps per program at batch 1, 2 above: at batch 2 x
+# 8k (1024 programs) 4 warps made fp8 KV 8% slower than bf16 (15.84 against
+# 14.69 us), 2 warps 5% faster (13.98; bf16 14.78, per-token-head 14.59); at
+# batch 1, 2 warps cost bf16 2.7% (12.29 against 12.00).  Run 38, paired rounds
 
 
 def score_attend_fits(num_tokens: int, num_kv_heads: int, max_blocks: int, sms: int) -> bool:
@@ -63,14 +67,15 @@ def score_attend_decode(
     repeats request 0): ``block_sparse_attention`` over the blocks
     ``index_block_topk`` selects (same arguments as the two; rows of at most
     ``SELECT_MAX_BLOCKS`` blocks), by scoring and attending every visible
-    block and merging the top-k.  ``_tune``: ``num_warps`` of the block launch,
-    ``merge_warps`` of the merge launch, ``key_split`` (key ranges per block,
-    default ``SCORE_ATTEND_KEY_SPLIT``), ``merge_one_round`` and
-    ``merge_chunks`` (the merge's load rounds and column chunks; default:
-    ``SCORE_ATTEND_ONE_ROUND_TOKENS``), ``f32_partials`` (float32 partials
-    for half-precision queries too), ``pdl`` (programmatic dependent
-    launch of both kernels; default as the decode chain,
-    ``VLLM_MINIMAX_M3_PDL``).
+    block and merging the top-k.  ``_tune`` (benchmarks):
+      ``num_warps``        of the block launch (default 4 at one token, else 2);
+      ``merge_warps``      of the merge launch;
+      ``key_split``        key ranges per block (``SCORE_ATTEND_KEY_SPLIT``);
+      ``merge_one_round``, ``merge_chunks``: the merge's rounds of loads and
+                           column chunks (``SCORE_ATTEND_ONE_ROUND_TOKENS``);
+      ``f32_partials``     float32 partials for half-precision queries too;
+      ``pdl``              programmatic dependent launch of both kernels
+                           (default as the decode chain, ``VLLM_MINIMAX_M3_PDL``).
     Returns [T, Hq, D] in q.dtype."""
     validate_index_inputs(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
                           topk, local_blocks, init_blocks, idx_k_scales)
@@ -136,7 +141,7 @@ def score_attend_decode(
         BLOCK_N=BLOCK_N,
         PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks, K_SCALED=k_scaled,
         SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma, PDL=pdl,
-        num_warps=tune.get("num_warps", 4), **pdl_kw,
+        num_warps=tune.get("num_warps", 4 if T == 1 else 2), **pdl_kw,
     )
     nb_pad = max(16, next_pow2(NB))
     one_round = bool(tune.get("merge_one_round", T <= SCORE_ATTEND_ONE_ROUND_TOKENS))
