@@ -251,7 +251,7 @@ def main():
     # the two-launch decode of batch 1-2 over 64-block tables (score_attend_decode):
     # every scale mode with 4 key ranges per block, bf16 and fp8 index keys, one range;
     # PDL as the engine launches them at batch 1-2 on sm90; 4 warps (batch 1) and,
-    # for the scale modes, 2 (batch 2)
+    # for every scale mode, 2 (batch 2)
     for mode, idx_keys, split, warps in (
             (0, "*bf16", 4, 4), (1, "*bf16", 4, 4), (2, "*bf16", 4, 4), (3, "*bf16", 4, 4),
             (0, "*fp8e4nv", 4, 4), (0, "*bf16", 1, 4),

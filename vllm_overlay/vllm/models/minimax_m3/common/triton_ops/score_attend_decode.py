@@ -16,11 +16,11 @@ their dependent loads.  Here:
                              query heads over the block's visible keys (the
                              per-token kernel's key-tile update), written as
                              a split partial;
-  score_attend_merge_kernel  one program per (token, query head): ranks its
-                             KV head's score row (``row_ranks``: the slots
-                             of the rank select, ties to the lower block)
-                             and merges the partials of the chosen blocks
-                             by log-sum-exp.
+  score_attend_merge_kernel  one program per (token, query head, column
+                             chunk): ranks its KV head's score row
+                             (``row_ranks``: the slots of the rank select,
+                             ties to the lower block) and merges the
+                             partials of the chosen blocks by log-sum-exp.
 
 The result is the block-sparse attention over the top-k blocks, as the
 chain computes it; the blocks that are not chosen cost work on SMs that
@@ -32,9 +32,9 @@ Layouts (element strides, last dims contiguous):
   q [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
   scores  [T, H, NB] float32: written for blocks up to the token's own
   part_o  [T, Hq, NB, D_PAD] float32 (float16 for half-precision queries),
-          normalised per block (v_scale applied
-          with SCALE_MODE 1);  part_lse [T, Hq, NB] float32 (log2 of the
-          block's softmax mass); both written for blocks up to the own block
+          normalised per block (v_scale applied with SCALE_MODE 1)
+  part_lse [T, Hq, NB] float32 (log2 of the block's softmax mass); both
+          written for blocks up to the own block
   out     [T, Hq, D] (q dtype)
 Scale modes (``SCALE_MODE``) as ``sparse_attn_fwd``.
 
@@ -42,9 +42,9 @@ PDL (programmatic dependent launch, CUDA sm90+; the wrapper launches both
 kernels with ``launch_pdl``), as the decode chain: each program first lets
 the next launch start and reads what was written before the previous launch
 began (position, request, queries, scalar scales, and the block-table pages
-of its first key tile), then waits
-for the previous launch to complete before it reads a cache, a score or a
-partial, and before it writes anything.  The merge's launch thus overlaps the
+of its first key tile), then waits for the previous launch to complete
+before it reads a cache, a score or a partial, and before it writes
+anything.  The merge's launch thus overlaps the
 block launch's tail, and the block launch the cache write's.
 """
 
