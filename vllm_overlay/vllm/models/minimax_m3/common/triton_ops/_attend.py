@@ -4,7 +4,7 @@ query token per program) and ``sparse_attn_tiled`` (a tile of tokens per
 program): the dot operand dtype and softmax scales, the load of one paged
 key tile, and the online-softmax update with it (base 2)."""
 
-from ._paged import paged_row_offsets
+from ._paged import paged_rows
 from ._triton import tl, triton
 
 
@@ -72,11 +72,8 @@ def load_key_tile(k_base, v_base, kvs_ptr, bt_row, kp, kload, offs_d, dmask, kv_
     ``kload``) from the request's pages, scaled per element with SCALE_MODE 3,
     and with SCALE_MODE 2 their per-key scales [N] (else ``k_elem_scale``,
     unused)."""
-    row = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_cp, stride_cs)
-    if SCALE_MODE == 2:
-        srow = paged_row_offsets(bt_row, kp, kload, PAGE_SIZE, stride_sp, stride_ss)
-    else:
-        srow = row
+    row, srow = paged_rows(bt_row, kp, kload, stride_cp, stride_cs, stride_sp, stride_ss,
+                           PAGE_SIZE, SCALE_MODE == 2)
     return load_key_rows(k_base, v_base, kvs_ptr, row, srow, kload, offs_d, dmask, kv_head,
                          k_elem_scale, v_elem_scale, stride_skv, stride_sh, SCALE_MODE)
 
@@ -119,11 +116,8 @@ def key_tile_rows(topk_row, bt_row, it, it_hi, pos, offs_n,
     b = tl.load(topk_row + it // NT, mask=live, other=-1)
     kp = b * SPARSE_BLOCK + (it % NT) * BLOCK_N + offs_n
     kvalid = (kp <= pos) & (b >= 0)
-    row = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_cp, stride_cs)
-    if SCALE_MODE == 2:
-        srow = paged_row_offsets(bt_row, kp, kvalid, PAGE_SIZE, stride_sp, stride_ss)
-    else:
-        srow = row
+    row, srow = paged_rows(bt_row, kp, kvalid, stride_cp, stride_cs, stride_sp, stride_ss,
+                           PAGE_SIZE, SCALE_MODE == 2)
     return row, srow, kvalid
 
 

@@ -22,6 +22,21 @@ def paged_row_offsets(bt_row_ptr, key_pos, key_mask, PAGE_SIZE: tl.constexpr,
 
 
 @triton.jit
+def paged_rows(bt_row_ptr, key_pos, key_mask, stride_page, stride_slot, stride_scale_page,
+               stride_scale_slot, PAGE_SIZE: tl.constexpr, SCALED: tl.constexpr):
+    """``paged_row_offsets`` into a cache and, when SCALED, into its scale
+    cache (strides ``stride_scale_page`` / ``stride_scale_slot``): (row [N],
+    scale row [N]; without SCALED the scale row is ``row`` again, unused)."""
+    row = paged_row_offsets(bt_row_ptr, key_pos, key_mask, PAGE_SIZE, stride_page, stride_slot)
+    if SCALED:
+        srow = paged_row_offsets(bt_row_ptr, key_pos, key_mask, PAGE_SIZE, stride_scale_page,
+                                 stride_scale_slot)
+    else:
+        srow = row
+    return row, srow
+
+
+@triton.jit
 def fp16_dot_operand(x):
     """``x`` as an fp16 tl.dot operand for products with fp8 (e4m3) keys,
     clamped to fp16's finite range: e4m3 -> fp16 is one exact conversion per

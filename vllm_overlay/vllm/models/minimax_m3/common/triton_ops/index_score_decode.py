@@ -40,7 +40,7 @@ SPARSE_BLOCK and BLOCKS_PER_PROG a multiple of TILE_BLOCKS): more bytes in
 flight per program between two waits, for fp8 keys (16 KiB per 128-token block).
 """
 
-from ._paged import fp16_dot_operand, paged_row_offsets
+from ._paged import fp16_dot_operand, paged_rows
 from ._triton import tl, tl_cuda, triton
 from .index_topk_select import select_topk_row
 
@@ -53,11 +53,8 @@ def _key_scores(q, k_ptr, ks_ptr, bt_row, kp, pos, offs_d, dmask,
     absolute positions ``kp`` [N] (times their scales if K_SCALED); -inf for
     keys after ``pos``."""
     kmask = kp <= pos
-    row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
-    if K_SCALED:
-        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
-    else:
-        srow = row
+    row, srow = paged_rows(bt_row, kp, kmask, stride_kp, stride_ks, stride_sp, stride_ss,
+                           PAGE_SIZE, K_SCALED)
     return _key_scores_at(q, k_ptr, ks_ptr, row, srow, kmask, offs_d, dmask, K_SCALED, IEEE)
 
 

@@ -32,7 +32,7 @@ Layouts (element strides, last dim contiguous):
                candidates per split, merged by ``block_topk_select_kernel``.
 """
 
-from ._paged import fp16_dot_operand, paged_row_offsets
+from ._paged import fp16_dot_operand, paged_rows
 from ._triton import tl, triton
 
 
@@ -135,18 +135,13 @@ def index_topk_prefill_kernel(
             # the wrapper); the next block's pages are resolved one block ahead
             kp = b_lo * SPARSE_BLOCK + offs_n
             kmask = (kp <= max_pos) & (b_lo < b_hi)
-            row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
-            srow = row
-            if K_SCALED:
-                srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
+            row, srow = paged_rows(bt_row, kp, kmask, stride_kp, stride_ks, stride_sp,
+                                   stride_ss, PAGE_SIZE, K_SCALED)
             for b in range(b_lo, b_hi):
                 kp_n = kp + SPARSE_BLOCK
                 kmask_n = (kp_n <= max_pos) & (b + 1 < b_hi)
-                row_n = paged_row_offsets(bt_row, kp_n, kmask_n, PAGE_SIZE, stride_kp, stride_ks)
-                srow_n = row_n
-                if K_SCALED:
-                    srow_n = paged_row_offsets(bt_row, kp_n, kmask_n, PAGE_SIZE,
-                                               stride_sp, stride_ss)
+                row_n, srow_n = paged_rows(bt_row, kp_n, kmask_n, stride_kp, stride_ks,
+                                           stride_sp, stride_ss, PAGE_SIZE, K_SCALED)
                 full = (b + 1) * SPARSE_BLOCK <= min_pos + 1
                 bmax = key_tile_row_max(q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a,
                                         offs_d, dmask, K_SCALED, IEEE, SKIP_FULL_MASK, full)
@@ -158,11 +153,8 @@ def index_topk_prefill_kernel(
                 for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
                     kp = b * SPARSE_BLOCK + n0 + offs_n
                     kmask = kp <= max_pos
-                    row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_kp, stride_ks)
-                    srow = row
-                    if K_SCALED:
-                        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE,
-                                                 stride_sp, stride_ss)
+                    row, srow = paged_rows(bt_row, kp, kmask, stride_kp, stride_ks, stride_sp,
+                                           stride_ss, PAGE_SIZE, K_SCALED)
                     bmax = tl.maximum(bmax, key_tile_row_max(
                         q, k_ptr, ks_ptr, row, srow, kp, kmask, pos_a, offs_d, dmask,
                         K_SCALED, IEEE))

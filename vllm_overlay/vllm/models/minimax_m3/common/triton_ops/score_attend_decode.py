@@ -50,24 +50,10 @@ block launch's tail, and the block launch the cache write's.
 
 from ._attend import (attend_key_tile, group_query_rows, load_key_rows, normalized_output,
                       scales_and_operand)
-from ._paged import fp16_dot_operand, paged_row_offsets
+from ._paged import fp16_dot_operand, paged_rows
 from ._triton import tl, tl_cuda, triton
 from .index_score_decode import _key_scores_at
 from .index_topk_select import vector_ranks
-
-
-@triton.jit
-def tile_rows(bt_row, kp, kmask, stride_p, stride_s, stride_sp, stride_ss,
-              PAGE_SIZE: tl.constexpr, SCALED: tl.constexpr):
-    """Cache row offsets [N] of key positions ``kp`` [N] (where ``kmask``)
-    through the request's block-table row: (row into the cache, row into its
-    scale cache when SCALED, else ``row`` again)."""
-    row = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_p, stride_s)
-    if SCALED:
-        srow = paged_row_offsets(bt_row, kp, kmask, PAGE_SIZE, stride_sp, stride_ss)
-    else:
-        srow = row
-    return row, srow
 
 
 @triton.jit
@@ -123,7 +109,7 @@ def score_attend_block_kernel(
             key_lo = b * SPARSE_BLOCK + r * KEYS
             offs_n = tl.arange(0, IDX_BLOCK_N)
             kp = key_lo + offs_n
-            row, srow = tile_rows(bt_row, kp, kp <= pos, stride_ikp, stride_iks, stride_isp,
+            row, srow = paged_rows(bt_row, kp, kp <= pos, stride_ikp, stride_iks, stride_isp,
                                   stride_iss, PAGE_SIZE, K_SCALED)
             if PDL:
                 tl_cuda.gdc_wait()  # the cache write before this launch is complete
@@ -131,7 +117,7 @@ def score_attend_block_kernel(
             for n0 in tl.static_range(0, KEYS, IDX_BLOCK_N):
                 if n0 > 0:
                     kp = key_lo + n0 + offs_n
-                    row, srow = tile_rows(bt_row, kp, kp <= pos, stride_ikp, stride_iks,
+                    row, srow = paged_rows(bt_row, kp, kp <= pos, stride_ikp, stride_iks,
                                           stride_isp, stride_iss, PAGE_SIZE, K_SCALED)
                 si = _key_scores_at(qi, idx_k_ptr, idx_ks_ptr, row, srow, kp <= pos, offs_di,
                                     dimask, K_SCALED, IEEE)
@@ -157,14 +143,14 @@ def score_attend_block_kernel(
             l_i = tl.zeros([G_PAD], tl.float32)
             acc = tl.zeros([G_PAD, D_PAD], tl.float32)
             kp = key_lo + offs_n
-            row, srow = tile_rows(bt_row, kp, kp <= pos, stride_cp, stride_cs, stride_sp,
+            row, srow = paged_rows(bt_row, kp, kp <= pos, stride_cp, stride_cs, stride_sp,
                                   stride_ss, PAGE_SIZE, SCALE_MODE == 2)
             if PDL:
                 tl_cuda.gdc_wait()
             for n0 in tl.static_range(0, KEYS, BLOCK_N):
                 if n0 > 0:
                     kp = key_lo + n0 + offs_n
-                    row, srow = tile_rows(bt_row, kp, kp <= pos, stride_cp, stride_cs,
+                    row, srow = paged_rows(bt_row, kp, kp <= pos, stride_cp, stride_cs,
                                           stride_sp, stride_ss, PAGE_SIZE, SCALE_MODE == 2)
                 kvalid = kp <= pos
                 k, v, ksc, vsc = load_key_rows(
