@@ -6,6 +6,8 @@ The interpreter runs the kernels' Python semantics only; this catches what
 only compilation sees (typing of jit-function returns, layouts, register
 allocation failures).  Run by ``test_minimax_m3_sm90_compile.py`` in a
 process without ``TRITON_INTERPRET``; prints one line per compiled kernel.
+``SM90_PTX_DIGESTS=FILE`` also writes each kernel's PTX code digest: the
+same digests before and after a refactor mean the same code.
 """
 
 import os
@@ -61,7 +63,21 @@ def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
                                   num_warps=num_warps, num_stages=num_stages or 2))
     print(f"  {kernel.fn.__name__}: {resource_usage(compiled.asm['ptx'])}, "
           f"{compiled.metadata.shared} B shared", flush=True)
+    if os.environ.get("SM90_PTX_DIGESTS"):
+        with open(os.environ["SM90_PTX_DIGESTS"], "a") as f:
+            f.write(f"{kernel.fn.__name__} {ptx_code_digest(compiled.asm['ptx'])}\n")
     return compiled.asm["cubin"]
+
+
+def ptx_code_digest(ptx: str) -> str:
+    """sha256 of the PTX's code: without the debug sections, source locations
+    and comments, which move with any edit of the Python source.  Equal
+    digests before and after a refactor of the kernels' helpers mean the same
+    machine code (``SM90_PTX_DIGESTS=FILE`` appends one line per kernel)."""
+    import hashlib
+    code = ptx.split("\t.section\t.debug")[0]
+    lines = (ln for ln in code.splitlines() if not ln.strip().startswith((".loc", ".file", "//")))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
 def resource_usage(ptx: str) -> str:
