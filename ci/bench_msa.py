@@ -34,6 +34,7 @@ they are loaded straight from this repository's ``vllm_overlay`` tree.
 """
 
 import argparse
+import copy
 import datetime
 import functools
 import importlib.util
@@ -107,6 +108,29 @@ def score_attend_step(block_sparse_attention, bt, kv_mode, out, tune=None):
 # ----------------------------------------------------------------------------
 # inputs
 # ----------------------------------------------------------------------------
+def quantize_kv(kv, kv_mode):
+    """(cache, k_scale, v_scale, kv_scales) of bf16 K/V ``kv`` [num_pages, 2,
+    PAGE, HKV, D] stored in ``kv_mode``: 0 as is; 1 fp8 e4m3 with scalar
+    scales (amax / 448 of all K, of all V); 2 fp8 with one scale per token and
+    KV head (kv_scales [num_pages, 2, PAGE, HKV]; ``PTH_POW2_SCALES=1``: rounded up to
+    powers of two, a diagnostic of whether timings depend on the operands' mantissas)."""
+    if kv_mode == 0:
+        return kv, None, None, None
+    if kv_mode == 1:
+        amax = kv.float().abs().amax(dim=(0, 2, 3, 4))
+        k_scale = (amax[0] / 448.0).reshape(1).contiguous()
+        v_scale = (amax[1] / 448.0).reshape(1).contiguous()
+        sc = torch.stack([k_scale, v_scale]).view(1, 2, 1, 1, 1)
+        return (kv.float() / sc).to(FP8), k_scale, v_scale, None
+    kv_scales = (kv.float().abs().amax(-1) / 448.0).clamp_min(1e-8)
+    if os.environ.get("PTH_POW2_SCALES") == "1":
+        # diagnostic: scales rounded up to powers of two, so the dequantized
+        # values keep fp8's 3 mantissa bits (as with scalar scales folded out)
+        kv_scales = torch.exp2(torch.ceil(torch.log2(kv_scales)))
+    kv_scales = kv_scales.contiguous()
+    return (kv.float() / kv_scales[..., None]).to(FP8), None, None, kv_scales
+
+
 class Batch:
     """Requests laid out in a paged cache (random page order)."""
 
@@ -141,19 +165,17 @@ class Batch:
         self.q = torch.randn(T, HQ, D, device=dev, dtype=torch.bfloat16)
         kv = torch.randn(num_pages, 2, PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
         self.kv_mode = kv_mode
-        self.k_scale = self.v_scale = self.kv_scales = None
-        if kv_mode == 0:
-            self.kv = kv
-        elif kv_mode == 1:
-            amax = kv.float().abs().amax(dim=(0, 2, 3, 4))
-            self.k_scale = (amax[0] / 448.0).reshape(1).contiguous()
-            self.v_scale = (amax[1] / 448.0).reshape(1).contiguous()
-            sc = torch.stack([self.k_scale, self.v_scale]).view(1, 2, 1, 1, 1)
-            self.kv = (kv.float() / sc).to(FP8)
-        else:
-            self.kv_scales = (kv.float().abs().amax(-1) / 448.0).clamp_min(1e-8).contiguous()
-            self.kv = (kv.float() / self.kv_scales[..., None]).to(FP8)
+        self.kv, self.k_scale, self.v_scale, self.kv_scales = quantize_kv(kv, kv_mode)
         del kv
+
+    def with_kv_mode(self, kv_mode):
+        """This batch (same pages, queries and index) with its bf16 K/V stored
+        in ``kv_mode`` instead (1 fp8 scalar, 2 fp8 per-token-head scales)."""
+        assert self.kv_mode == 0 and kv_mode in (1, 2)
+        other = copy.copy(self)
+        other.kv_mode = kv_mode
+        other.kv, other.k_scale, other.v_scale, other.kv_scales = quantize_kv(self.kv, kv_mode)
+        return other
 
     def dequant_kv(self):
         """Float32 [num_pages, 2, PAGE, HKV, D] of what the kernel should see."""
@@ -1330,27 +1352,40 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
     ratios to bf16 and how many rounds each was slower in.  Decode shapes
     ``PARITY_DECODE`` ("BxC", default batch 1), prefill ``PARITY_PREFILL``
     (chunk x context, default an 8192-token chunk at 8k and 32k context);
-    ``PARITY_EXTRA``: more decode kinds, "name:kv_mode:json _tune" joined by
-    ";" (e.g. 'fp8-ks2:1:{"key_split": 2}'), timed in the same turns: the
+    ``PARITY_EXTRA``: more kinds, "name:kv_mode:json _tune" joined by ";"
+    (e.g. 'fp8-ks2:1:{"key_split": 2}'), timed in the same turns: the
     chain's attention with that ``_tune``, or with ``"score_attend": true``
-    in it the two launches (where the engine takes them) with the rest."""
+    in it the two launches (where the engine takes them) with the rest;
+    decode shapes only, or prefill ones only with ``"phase": "prefill"``.
+    ``PARITY_SHARED=1``: every kind of a shape stores one bf16 batch's K/V
+    (``Batch.with_kv_mode``: same pages, queries, index and so selections);
+    else each kind draws its own batch."""
     rounds = int(os.environ.get("PARITY_ROUNDS", "7"))
     kinds = [(name, mode, {}) for name, mode in KV_KINDS]
+    phases = {}
     for spec in filter(None, os.environ.get("PARITY_EXTRA", "").split(";")):
         name, mode, tune = spec.split(":", 2)
-        kinds.append((name, int(mode), json.loads(tune)))
+        tune = json.loads(tune)
+        phases[name] = tune.pop("phase", "decode")
+        kinds.append((name, int(mode), tune))
     shapes = [("decode", b, c) for b, c in env_shapes("PARITY_DECODE",
                                                        "1x8192,1x32768,1x131072")]
     shapes += [("prefill", n, c) for n, c in env_shapes("PARITY_PREFILL",
                                                          "8192x8192,8192x32768")]
+    shared = os.environ.get("PARITY_SHARED") == "1"
     out = []
     for phase, n, ctx in shapes:
         graphs, paths = {}, {}
+        base = None
         for kv_name, kv_mode, tune in kinds:
-            if tune and phase != "decode":
+            if phases.get(kv_name, phase) != phase:
                 continue
-            bt = (Batch([ctx] * n, 1, kv_mode, dev) if phase == "decode"
-                  else Batch([ctx], n, kv_mode, dev))
+            if base is None or not shared:
+                bt = (Batch([ctx] * n, 1, 0 if shared else kv_mode, dev) if phase == "decode"
+                      else Batch([ctx], n, 0 if shared else kv_mode, dev))
+                base = bt
+            if shared:
+                bt = base if kv_mode == 0 else base.with_kv_mode(kv_mode)
             sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
             o = torch.empty_like(bt.q)
             layout = ({} if phase == "decode"
@@ -1384,6 +1419,7 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
             for k, (g, _) in graphs.items():
                 per_round[k].append(timer.time_graph(g))
         row = dict(kind="kv_dtype_parity", phase=phase, tokens=n, context=ctx, rounds=rounds,
+                   shared_batch=shared,
                    tunes={k: t for k, _, t in kinds if k in graphs and t}, paths=paths,
                    us=per_round,
                    median_us={k: statistics.median(v) for k, v in per_round.items()})
@@ -1401,32 +1437,43 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
 
 
 def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attention):
-    """Where block-major prefill attention's time goes (an 8192-token chunk, bf16
-    KV, the index's selections): each kernel's device time (profiler, L2
-    flushed) of the grouping, the block-major kernel and the merge, in one
-    slice (the default), in slices of 64 MiB of partial outputs, and with the
+    """Where block-major prefill attention's time goes (an 8192-token chunk, the
+    index's selections): each kernel's device time (profiler, L2 flushed) of
+    the grouping, the block-major kernel and the merge.  bf16 KV: in one slice
+    (the default), in slices of 64 MiB of partial outputs, and with the
     grouping's counters added once per pair (``aggregate_ranks`` off; the
-    default adds once per group and program)."""
+    default adds once per group and program).  ``PROFILE_KV_MODES`` (default
+    "0"): the KV modes profiled (0 bf16, 1 fp8 scalar, 2 fp8 per-token-head;
+    the fp8 ones with the default launch only), each on the bf16 batch's
+    selections, so that all modes do the same work; ``PROFILE_CONTEXTS``
+    (default "8192,32768")."""
     out = []
-    for ctx in (8192, 32768):
+    modes = [int(m) for m in os.environ.get("PROFILE_KV_MODES", "0").split(",")]
+    ctxs = [int(c) for c in os.environ.get("PROFILE_CONTEXTS", "8192,32768").split(",")]
+    for ctx in ctxs:
         bt = Batch([ctx], 8192, 0, dev)
         sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
         index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
                          TOPK, out=sel, num_decode_tokens=0)
         o = torch.empty_like(bt.q)
-        for name, tune in (("default", None), ("pb64", dict(partial_bytes=64 << 20)),
-                           ("per_pair_ranks", dict(aggregate_ranks=False))):
-            def attn(tune=tune):
-                block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
-                                       bt.token_pos, sel, B, D ** -0.5, 0, None, None, None,
-                                       out=o, block_major=4, _tune=tune)
-            try:
-                kt, t = kernel_times(attn, timer, reps=10), timer.time_fn(attn)
-            except Exception as e:  # noqa: BLE001
-                kt, t = repr(e)[:200], None
-            out.append(dict(kind="prefill_attn_profile", context=ctx, variant=name,
-                            kernels=kt, graph_us=t))
-            print(f"[sweep] {out[-1]}", flush=True)
+        for kv_mode in modes:
+            kb = bt if kv_mode == 0 else bt.with_kv_mode(kv_mode)
+            variants = ((("default", None), ("pb64", dict(partial_bytes=64 << 20)),
+                         ("per_pair_ranks", dict(aggregate_ranks=False)))
+                        if kv_mode == 0 else (("default", None),))
+            for name, tune in variants:
+                def attn(tune=tune, kb=kb, kv_mode=kv_mode):
+                    block_sparse_attention(kb.q, kb.kv, kb.block_table, kb.token_req,
+                                           kb.token_pos, sel, B, D ** -0.5, kv_mode,
+                                           kb.k_scale, kb.v_scale, kb.kv_scales,
+                                           out=o, block_major=4, _tune=tune)
+                try:
+                    kt, t = kernel_times(attn, timer, reps=10), timer.time_fn(attn)
+                except Exception as e:  # noqa: BLE001
+                    kt, t = repr(e)[:200], None
+                out.append(dict(kind="prefill_attn_profile", context=ctx, kv_mode=kv_mode,
+                                variant=name, kernels=kt, graph_us=t))
+                print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
 

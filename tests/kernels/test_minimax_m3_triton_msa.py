@@ -702,9 +702,11 @@ def test_block_sparse_attention_token_tiles(case, selection):
 # sparse block of B keys
 PER_TOKEN_VARIANTS = {
     # the next key tile's selection slot and pages resolved one tile ahead, with
-    # one and with two key tiles per sparse block, the selection split or not
+    # one and with two key tiles per sparse block, the selection split or not; and
+    # not (the default with per-token-head scales where blocks are not key-split)
     "prefetch_rows": lambda B: [dict(num_splits=s, _tune=dict(prefetch_rows=True, BLOCK_N=n))
-                                for n, s in ((B, 1), (B // 2, 1), (B // 2, 2))],
+                                for n, s in ((B, 1), (B // 2, 1), (B // 2, 2))]
+    + [dict(num_splits=1, _tune=dict(prefetch_rows=False))],
     # every selected block split into key ranges, one program each, merged with
     # the other splits by log-sum-exp in the merge launch or the fused merge
     "key_split": lambda B: [dict(num_splits=1, _tune=dict(key_split=2)),
@@ -901,6 +903,18 @@ def test_default_key_split_rule():
     assert default_key_split(16, 32, 132) == 2  # 16-key ranges, not 8
     assert default_key_split(16, 16, 132) == 1
     assert default_key_split(16, 128, 4) == 1  # the CPU stand-in SM count
+
+
+def test_default_prefetch_rows_rule():
+    """The per-token kernel resolves rows one tile ahead by default only with
+    per-token-head scales (kernel mode 2), never instead of a key split or
+    with the in-kernel selection."""
+    from vllm.models.minimax_m3.common.triton_ops.attention import default_prefetch_rows
+    assert default_prefetch_rows(2, 1, False)
+    assert not default_prefetch_rows(2, 4, False)  # batch 1-2: key ranges instead
+    assert not default_prefetch_rows(2, 1, True)  # select_topk runs without it
+    for mode in (0, 1, 3):  # bf16, scalar fp8 folded and unfolded
+        assert not default_prefetch_rows(mode, 1, False)
 
 
 @pytest.mark.parametrize("num_reqs", [1, 2])

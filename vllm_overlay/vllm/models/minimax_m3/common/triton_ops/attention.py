@@ -171,6 +171,20 @@ def default_key_split(programs: int, sparse_block: int, sms: int) -> int:
     return split
 
 
+def default_prefetch_rows(kernel_mode: int, key_split: int, select_topk: bool) -> bool:
+    """Whether the per-token kernel resolves the next key tile's selection
+    slot and pages one tile ahead (``PREFETCH_ROWS``) when not asked: with
+    per-token-head scales (kernel SCALE_MODE 2, whose tiles also load their
+    scale rows through the pages) where the blocks are not split in key
+    ranges (the two layouts exclude each other).  H200 run 38, whole decode
+    step, paired rounds, us, per-token-head against without: 4 x 8k 19.17 vs
+    19.55 (bf16 KV 19.14), 32 x 8k 47.52 vs 47.65, 32 x 32k 96.59 vs 96.77;
+    bf16 and scalar fp8 KV lose at 4 x 8k (19.30 vs 19.14, 19.15 vs 18.83),
+    and every KV dtype loses 3-4% at 1 x 32k, where it would replace
+    ``key_split`` (ci/results/2026-12-01-kv-dtype-parity-prefetch-rows-h200-run38h.json)."""
+    return kernel_mode == 2 and key_split == 1 and not select_topk
+
+
 # block-major prefill attention pays from about this many prefill tokens in a
 # batch; H200 run 9, chunks at the end of a 32k context, bf16 / fp8 KV:
 # 256 tokens 91 vs 53 us per token, 1024 165 vs 166, 2048 244 vs 307,
@@ -319,8 +333,8 @@ def block_sparse_attention(
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``aggregate_ranks``: block-major's
         grouping adds to its counters once per group and program (default;
         False: once per pair; see ``block_major_tiles``); ``prefetch_rows``: the per-token kernel resolves the next
-        key tile's selection slot and pages one tile ahead, off by default
-        until the H200 says it pays; ``pdl``: programmatic dependent launch of
+        key tile's selection slot and pages one tile ahead (default:
+        ``default_prefetch_rows``, per-token-head scales only); ``pdl``: programmatic dependent launch of
         the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL;
         ``key_split``: the per-token kernel also splits each selected block
         into this many key ranges, one program each (tokens before
@@ -378,6 +392,8 @@ def block_sparse_attention(
     ieee = q.dtype == torch.float32
     ks, vs, kvs, sstr, kernel_mode, fp16_mma = kv_scale_args(
         q, kv_scale_mode, k_scale, v_scale, kv_scales, fold_scalar_scales)
+    prefetch_rows = bool(tune.get("prefetch_rows", default_prefetch_rows(
+        kernel_mode, key_split, bool(select_topk))))
 
     if token_tile and (token_tile < 1 or token_tile & (token_tile - 1)):
         raise ValueError(f"token_tile must be a power of two (tokens per program), "
@@ -466,7 +482,7 @@ def block_sparse_attention(
         SCALE_MODE=kernel_mode, IEEE=ieee,
         FP16_MMA=fp16_mma,
         FUSED_MERGE=fused, S_PAD=max(2, next_pow2(splits)),
-        PREFETCH_ROWS=bool(tune.get("prefetch_rows", False)), PDL=pdl,
+        PREFETCH_ROWS=prefetch_rows, PDL=pdl,
         SELECT_RANK=bool(select_topk), SELECT_NB=topk_blocks.shape[2] if select_topk else 1,
         NB_PAD=nb_pad, RANK_COLS=nb_pad, KEY_SPLIT=key_split,
         num_warps=tune.get("num_warps", warps), num_stages=tune.get("num_stages", 2), **pdl_kw,
