@@ -347,6 +347,18 @@ def overlap(a, b):
 # ----------------------------------------------------------------------------
 # timing
 # ----------------------------------------------------------------------------
+
+def probe_setup(default_reps=30):
+    """What a probe script's main starts with: (its output folder ``$OUT``
+    (default ./out, created), the CUDA device, a ``Timer`` of ``$REPS``
+    replays); the torch seed fixed at 0."""
+    out_dir = Path(os.environ.get("OUT", "out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    return out_dir, dev, Timer(dev, int(os.environ.get("REPS", str(default_reps))))
+
+
 class Timer:
     """CUDA-graph replay timing.  ``flush`` picks the L2 state before each
     timed replay: ``True`` / ``"write"`` zeroes a 256 MiB buffer (the method

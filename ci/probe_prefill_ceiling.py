@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench_msa import (B, D, HQ, TOPK, Batch, Timer, kernel_times, load_kernels,
+from bench_msa import (B, D, HQ, TOPK, Batch, kernel_times, load_kernels, probe_setup,
                        sdpa_dense_prefill)
 
 CTX = CHUNK = 8192
@@ -52,6 +52,14 @@ def dense_tile(q, k_ptr, v_ptr, kn, offs_m, offs_d, stride_kt, m_i, l_i, acc, qk
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if CAUSAL:
         s = tl.where(kn[None, :] <= offs_m[:, None], s, float("-inf"))
+    return softmax_fold(s, v, m_i, l_i, acc)
+
+
+@triton.jit
+def softmax_fold(s, v, m_i, l_i, acc):
+    """Fold scores ``s`` [M, N] (base 2, masked keys -inf; every row sees a key)
+    and their values ``v`` [N, D] into the running max ``m_i``, mass ``l_i``
+    [M] and output ``acc`` [M, D] (float32); returns them updated."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     p = tl.exp2(s - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
@@ -103,15 +111,19 @@ def dense_triton(T, dev, block_m, block_n, warps, stages):
             o.stride(0), o.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, D=D,
             num_warps=warps, num_stages=stages)
 
-    # check against SDPA on the first 512 tokens' rows (causal: they see only
-    # the first 512 keys)
     run()
-    n = 512
+    return run, first_rows_error(q, k, v, o)
+
+
+def first_rows_error(q, k, v, o, n=512):
+    """Max |error| of dense causal attention output ``o`` [T, HQ, D] against
+    SDPA on its first ``n`` rows (causal: they see only the first n keys of
+    the one KV head ``k`` / ``v`` [T, D])."""
+    n = min(n, q.shape[0])
     ref = torch.nn.functional.scaled_dot_product_attention(
         q[:n].transpose(0, 1).float(), k[:n].float().expand(HQ, n, D),
         v[:n].float().expand(HQ, n, D), is_causal=True).transpose(0, 1)
-    err = float((o[:n].float() - ref).abs().max())
-    return run, err
+    return float((o[:n].float() - ref).abs().max())
 
 
 PATCHES = {
@@ -147,11 +159,7 @@ def patched_kernel(attn_mod, name):
 
 
 def main():
-    out_dir = Path(os.environ.get("OUT", "out"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
-    timer = Timer(dev, int(os.environ.get("REPS", "30")))
+    out_dir, dev, timer = probe_setup()
     index_block_topk, block_sparse_attention, src = load_kernels()
     attn_mod = sys.modules[block_sparse_attention.__module__]
     res = dict(kernels_from=src, gpu=torch.cuda.get_device_name(0),

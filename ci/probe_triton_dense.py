@@ -24,15 +24,14 @@ SDPA (cuDNN) is timed the same way.  Results: $OUT/probe_triton_dense.json.
 
 import json
 import os
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from bench_msa import D, HQ, Timer, sdpa_dense_prefill
-from probe_prefill_ceiling import dense_triton
+from bench_msa import D, HQ, probe_setup, sdpa_dense_prefill
+from probe_prefill_ceiling import dense_triton, first_rows_error, softmax_fold
 
 T = 8192
 
@@ -47,12 +46,7 @@ def tma_tile(q, k_desc, v_desc, n0, offs_m, offs_n, m_i, l_i, acc, qk_scale,
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if CAUSAL:
         s = tl.where((n0 + offs_n)[None, :] <= offs_m[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc
+    return softmax_fold(s, v, m_i, l_i, acc)
 
 
 @triton.jit
@@ -105,11 +99,7 @@ def dense_tma(n, dev, block_m, block_n, warps, stages, reverse, ws, dtype=torch.
             num_warps=warps, num_stages=stages)
 
     run()
-    m = min(512, n)
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        q[:m].transpose(0, 1).float(), k[:m].float().expand(HQ, m, D),
-        v[:m].float().expand(HQ, m, D), is_causal=True).transpose(0, 1)
-    return run, float((o[:m].float() - ref).abs().max())
+    return run, first_rows_error(q, k, v, o)
 
 
 CONFIGS = [  # (block_m, block_n, warps, stages)
@@ -117,11 +107,7 @@ CONFIGS = [  # (block_m, block_n, warps, stages)
 
 
 def main():
-    out_dir = Path(os.environ.get("OUT", "out"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
-    timer = Timer(dev, int(os.environ.get("REPS", "30")))
+    out_dir, dev, timer = probe_setup()
     dense_gflop = T * (T + 1) / 2 * HQ * 4 * D / 1e9
     res = dict(gpu=torch.cuda.get_device_name(0), commit=os.environ.get("GIT_COMMIT", "?"),
                triton=triton.__version__, tokens=T, dense_gflop=dense_gflop, rows=[])
