@@ -143,12 +143,13 @@ PATCHES = {
 }
 
 
-def patched_kernel(attn_mod, name):
-    """The block-major kernel with PATCHES[name] applied, from a temporary
-    module beside the real one (same package, same helpers)."""
+def patched_kernel(attn_mod, name, patches=PATCHES):
+    """The block-major kernel with ``patches[name]`` ((old, new) source
+    replacements, each old found once) applied, from a temporary module beside
+    the real one (same package, same helpers)."""
     pkg_dir = Path(attn_mod.__file__).parent
     src = (pkg_dir / "sparse_attn_block_major.py").read_text()
-    for old, new in PATCHES[name]:
+    for old, new in patches[name]:
         if src.count(old) != 1:
             raise RuntimeError(f"probe patch {name!r}: {old!r} found {src.count(old)} times")
         src = src.replace(old, new)
