@@ -1388,15 +1388,16 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
     out = []
     for phase, n, ctx in shapes:
         graphs, paths = {}, {}
-        base = None
+        def new_batch(kv_mode, phase=phase, n=n, ctx=ctx):
+            return (Batch([ctx] * n, 1, kv_mode, dev) if phase == "decode"
+                    else Batch([ctx], n, kv_mode, dev))
+        base = new_batch(0) if shared else None
         for kv_name, kv_mode, tune in kinds:
             if phases.get(kv_name, phase) != phase:
                 continue
-            if base is None or not shared:
-                bt = (Batch([ctx] * n, 1, 0 if shared else kv_mode, dev) if phase == "decode"
-                      else Batch([ctx], n, 0 if shared else kv_mode, dev))
-                base = bt
-            if shared:
+            if not shared:
+                bt = new_batch(kv_mode)
+            else:
                 bt = base if kv_mode == 0 else base.with_kv_mode(kv_mode)
             sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
             o = torch.empty_like(bt.q)

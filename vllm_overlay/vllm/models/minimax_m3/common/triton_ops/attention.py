@@ -181,7 +181,10 @@ def default_prefetch_rows(kernel_mode: int, key_split: int, select_topk: bool) -
     19.55 (bf16 KV 19.14), 32 x 8k 47.52 vs 47.65, 32 x 32k 96.59 vs 96.77;
     bf16 and scalar fp8 KV lose at 4 x 8k (19.30 vs 19.14, 19.15 vs 18.83),
     and every KV dtype loses 3-4% at 1 x 32k, where it would replace
-    ``key_split`` (ci/results/2026-12-01-kv-dtype-parity-prefetch-rows-h200-run38h.json)."""
+    ``key_split`` (ci/results/2026-12-01-kv-dtype-parity-prefetch-rows-h200-run38h.json).
+    Run 39, the rule on: per-token-head / bf16 at 4 x 8k 1.002, and 0.997 with
+    both on one batch, against 1.015 without it
+    (ci/results/2026-12-01-kv-dtype-parity-*-h200-run39[ab].json)."""
     return kernel_mode == 2 and key_split == 1 and not select_topk
 
 
@@ -332,10 +335,11 @@ def block_sparse_attention(
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``aggregate_ranks``: block-major's
         grouping adds to its counters once per group and program (default;
-        False: once per pair; see ``block_major_tiles``); ``prefetch_rows``: the per-token kernel resolves the next
-        key tile's selection slot and pages one tile ahead (default:
-        ``default_prefetch_rows``, per-token-head scales only); ``pdl``: programmatic dependent launch of
-        the per-token kernel and the merge, default VLLM_MINIMAX_M3_PDL;
+        False: once per pair; see ``block_major_tiles``); ``prefetch_rows``:
+        the per-token kernel resolves the next key tile's selection slot and
+        pages one tile ahead (default: ``default_prefetch_rows``, per-token-head
+        scales only); ``pdl``: programmatic dependent launch of the per-token
+        kernel and the merge, default VLLM_MINIMAX_M3_PDL;
         ``key_split``: the per-token kernel also splits each selected block
         into this many key ranges, one program each (tokens before
         ``tile_start`` only when a prefill layout is given); default
