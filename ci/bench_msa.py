@@ -359,6 +359,26 @@ def probe_setup(default_reps=30):
     return out_dir, dev, Timer(dev, int(os.environ.get("REPS", str(default_reps))))
 
 
+def paired_rounds(timer, graphs, rounds, base="bf16"):
+    """Times the CUDA graphs ``graphs`` (name -> graph) in turns, ``rounds``
+    rounds of one median each (``Timer.time_graph``), so that drift of the
+    GPU's clocks does not decide which is faster.  Returns {"us": per-round
+    medians, "median_us": their medians, "<name>_over_<base>": median, min and
+    max of the per-round ratios to ``base`` and how many rounds were slower}."""
+    per_round = {k: [] for k in graphs}
+    for _ in range(rounds):
+        for k, g in graphs.items():
+            per_round[k].append(timer.time_graph(g))
+    res = dict(us=per_round, median_us={k: statistics.median(v) for k, v in per_round.items()})
+    for k in per_round:
+        if k != base:
+            ratios = [a / b for a, b in zip(per_round[k], per_round[base])]
+            res[f"{k}_over_{base}"] = dict(median=statistics.median(ratios), min=min(ratios),
+                                           max=max(ratios),
+                                           rounds_slower=sum(r > 1.0 for r in ratios))
+    return res
+
+
 class Timer:
     """CUDA-graph replay timing.  ``flush`` picks the L2 state before each
     timed replay: ``True`` / ``"write"`` zeroes a 256 MiB buffer (the method
@@ -1427,22 +1447,10 @@ def sweep_kv_dtype_parity(timer, dev, index_block_topk, block_sparse_attention):
             # the step (its defaults: the batch and the buffers the graph
             # writes) lives as long as its graph
             graphs[kv_name] = (timer.graph(step), step)
-        per_round = {k: [] for k in graphs}
-        for _ in range(rounds):
-            for k, (g, _) in graphs.items():
-                per_round[k].append(timer.time_graph(g))
         row = dict(kind="kv_dtype_parity", phase=phase, tokens=n, context=ctx, rounds=rounds,
                    shared_batch=shared,
                    tunes={k: t for k, _, t in kinds if k in graphs and t}, paths=paths,
-                   us=per_round,
-                   median_us={k: statistics.median(v) for k, v in per_round.items()})
-        for k in per_round:
-            if k == "bf16":
-                continue
-            ratios = [a / b for a, b in zip(per_round[k], per_round["bf16"])]
-            row[f"{k}_over_bf16"] = dict(median=statistics.median(ratios), min=min(ratios),
-                                         max=max(ratios),
-                                         rounds_slower=sum(r > 1.0 for r in ratios))
+                   **paired_rounds(timer, {k: g for k, (g, _) in graphs.items()}, rounds))
         out.append(row)
         print(f"[sweep] {row}", flush=True)
         del graphs

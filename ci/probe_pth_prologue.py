@@ -20,10 +20,10 @@ plus each launch's kernel device times.  Results: $OUT/probe_pth_prologue.json.
 
 import json
 import os
-import statistics
 import sys
 
-from bench_msa import B, D, TOPK, Batch, kernel_times, load_kernels, probe_setup
+from bench_msa import (B, D, TOPK, Batch, kernel_times, load_kernels, paired_rounds,
+                       probe_setup)
 from probe_prefill_ceiling import patched_kernel
 
 PATCHES = {
@@ -78,21 +78,11 @@ def main():
             graphs[name] = (timer.graph(attn), attn, o)
         finally:
             attn_mod.sparse_attn_block_major_kernel = real
-    per_round = {k: [] for k in graphs}
-    for _ in range(rounds):
-        for k, (g, _, _) in graphs.items():
-            per_round[k].append(timer.time_graph(g))
     res = dict(kernels_from=src, gpu=torch.cuda.get_device_name(0),
-               commit=os.environ.get("GIT_COMMIT", "?"), rounds=rounds, us=per_round,
-               median_us={k: statistics.median(v) for k, v in per_round.items()},
-               kernels=kernels,
+               commit=os.environ.get("GIT_COMMIT", "?"), rounds=rounds, kernels=kernels,
                scales_early_equals_default=bool(torch.equal(outs["pth-scales_early"],
-                                                            outs["fp8-pth"])))
-    for k in per_round:
-        if k != "bf16":
-            r = [a / b for a, b in zip(per_round[k], per_round["bf16"])]
-            res[f"{k}_over_bf16"] = dict(median=statistics.median(r),
-                                         rounds_slower=sum(x > 1 for x in r))
+                                                            outs["fp8-pth"])),
+               **paired_rounds(timer, {k: g for k, (g, _, _) in graphs.items()}, rounds))
     print(json.dumps({k: v for k, v in res.items() if k not in ("us",)}, indent=1))
     (out_dir / "probe_pth_prologue.json").write_text(json.dumps(res, indent=1))
 
