@@ -570,14 +570,18 @@ def test_block_sparse_attention_block_major(case, shape):
             batch, q, sel, Hkv, D, B, dtype):
         # programs of a few pairs (groups span several programs; the grouping's
         # counters added once per pair, not the default once per group and
-        # program); a block of
+        # program; the pairs that see their whole block not grouped apart, so
+        # only the programs whose pairs all do skip the causal mask); a block of
         # several key tiles (walked per step, not loaded once); K/V loaded
         # again each step; rows prefetched; the defaults
-        for tm, start, tune in ((2, 0, dict(pairs_per_program=4, aggregate_ranks=False)),
+        for tm, start, tune in ((2, 0, dict(pairs_per_program=4, aggregate_ranks=False,
+                                            split_masked=False)),
                                 (4, n_decode, dict(BLOCK_N=16)),
                                 (2, n_decode, dict(hold_kv=False)),
-                                # each step's rows loaded one step ahead
-                                (2, n_decode, dict(prefetch_pairs=True, pairs_per_program=8)),
+                                # each step's rows loaded one step ahead; each step an
+                                # online-softmax update of an empty state
+                                (2, n_decode, dict(prefetch_pairs=True, pairs_per_program=8,
+                                                   one_tile_softmax=False)),
                                 # ... its ids, slots and positions only, the query rows
                                 # loaded at each step's top
                                 (2, n_decode, dict(prefetch_pairs=True, prefetch_query=False,
@@ -610,19 +614,23 @@ def test_block_sparse_attention_block_major(case, shape):
                               f"start {start} tune {tune}] {m}")
 
 
-@pytest.mark.parametrize("aggregate,group_block", [(True, 1024), (True, 64), (False, 1024),
-                                                   (False, 64)])
-def test_block_major_tiles_cover_every_pair_once(aggregate, group_block):
+@pytest.mark.parametrize("aggregate,group_block,split", [(True, 1024, True), (True, 64, False),
+                                                         (False, 1024, False), (False, 64, True)])
+def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):
     """The device-side grouping (a counting sort): every valid (token, slot)
     pair lands exactly once in the segment of its (request, KV head, block)
     group, the per-group program counts add up, and the static program count
     covers them (no host sync); with the counters added once per group and
     program (``aggregate``) or once per pair, in one program or several (the
-    last one partly past the pairs)."""
+    last one partly past the pairs); with ``split`` (``token_pos`` given) each
+    group in two, the pairs whose token does not see the block's last key in
+    the odd one."""
     from vllm.models.minimax_m3.common.triton_ops.attention import block_major_tiles
     _seed()
-    T, Hkv, topk, R, max_blocks, TM = 37, 2, 5, 3, 9, 4
+    T, Hkv, topk, R, max_blocks, TM, SB = 37, 2, 5, 3, 9, 4, 4
     req = torch.randint(0, R, (T,), dtype=torch.int32, device=DEVICE)
+    pos = torch.randint(0, max_blocks * SB, (T,), dtype=torch.int32, device=DEVICE)
+    pos[:9] = 2 * SB + SB - 1  # sees all of block 2 (the large group), its last key too
     sel = torch.randint(-1, max_blocks, (T, Hkv, topk), dtype=torch.int32, device=DEVICE)
     sel[0, 0, :] = 2  # a group larger than one program
     sel[1:9, 0, 0] = 2
@@ -630,18 +638,25 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block):
     pair_tok, pair_slot, start, counts, tile_end, num_tiles = (
         x.cpu() if isinstance(x, torch.Tensor) else x
         for x in block_major_tiles(req, sel, R, max_blocks, TM, aggregate=aggregate,
-                                   group_block=group_block))
-    req, sel = req.cpu(), sel.cpu()
+                                   group_block=group_block,
+                                   token_pos=pos if split else None, sparse_block=SB))
+    req, sel, pos = req.cpu(), sel.cpu(), pos.cpu()
     want = {}
     for t in range(T):
         for h in range(Hkv):
             for s in range(topk):
-                if int(sel[t, h, s]) >= 0:
-                    key = (int(req[t]) * Hkv + h) * max_blocks + int(sel[t, h, s])
+                b = int(sel[t, h, s])
+                if b >= 0:
+                    key = (int(req[t]) * Hkv + h) * max_blocks + b
+                    if split:
+                        key = 2 * key + int(int(pos[t]) < b * SB + SB - 1)
                     want.setdefault(key, []).append((t, s))
     assert int(counts.sum()) == sum(len(v) for v in want.values())
     assert int(counts.max()) > TM
-    for key in range(R * Hkv * max_blocks):
+    if split:  # both halves hold pairs
+        assert {k % 2 for k in want} == {0, 1}
+    assert counts.numel() == R * Hkv * max_blocks * (2 if split else 1)
+    for key in range(counts.numel()):
         got = [(int(pair_tok[p]), int(pair_slot[p]))
                for p in range(int(start[key]), int(start[key]) + int(counts[key]))]
         assert sorted(got) == sorted(want.get(key, [])), key

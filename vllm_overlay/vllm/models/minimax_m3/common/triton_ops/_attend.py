@@ -158,6 +158,50 @@ def attend_key_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, k_col_scale, v_co
 
 
 @triton.jit
+def attend_one_tile(q, k, v, visible, qk_scale, k_col_scale, v_col_scale,
+                    SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """The softmax of every query row over one tile of keys, with no running
+    state to fold into: ``attend_key_tile`` from an empty (m, l, acc), without
+    its rescaling of the empty state.  The score scale rides in the
+    exponent's multiply-add (``exp2(s * qk_scale - m)``; qk_scale > 0, so the
+    max of the raw scores scales to the max of the scaled ones), and with
+    MASKED=False no key is masked: the caller knows every row sees every key
+    (rows it does not store may then hold any finite values).
+
+    Arguments as ``attend_key_tile``; returns (m [M], l [M], acc [M, D_PAD]):
+    the row max in log2 units (a row that sees no key: 0, with mass 0), the
+    mass and the unnormalized output, float32."""
+    cdt = q.dtype
+    if IEEE:
+        s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(cdt)))
+    if SCALE_MODE == 2:
+        s = s * (qk_scale * k_col_scale)[None, :]  # per-key scales: scaled first
+        if MASKED:
+            s = tl.where(visible, s, float("-inf"))
+        m = tl.max(s, axis=1)
+        if MASKED:
+            m = tl.where(m == float("-inf"), 0.0, m)
+        p = tl.exp2(s - m[:, None])
+    else:
+        if MASKED:
+            s = tl.where(visible, s, float("-inf"))
+        m = tl.max(s, axis=1) * qk_scale
+        if MASKED:
+            m = tl.where(m == float("-inf"), 0.0, m)
+        p = tl.exp2(s * qk_scale - m[:, None])
+    l_i = tl.sum(p, axis=1)
+    if SCALE_MODE == 2:
+        p = p * v_col_scale[None, :]
+    if IEEE:
+        acc = tl.dot(p, v.to(cdt), input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(cdt), v.to(cdt))
+    return m, l_i, acc
+
+
+@triton.jit
 def attend_sparse_block(q, b, rows_ok, pos_r, pmax, bt_row, k_base, v_base, kvs_ptr,
                         offs_n, offs_d, dmask, kv_head, m_i, l_i, acc,
                         qk_scale, k_elem_scale, v_elem_scale,
@@ -187,7 +231,9 @@ def normalized_output(acc, l_i, out_scale, SCALE_MODE: tl.constexpr):
     """acc / l per row (rows with no mass stay 0), times ``out_scale`` (v_scale,
     from ``softmax_scales``) with SCALE_MODE 1: the scalar v_scale applied once
     to the fp32 result."""
-    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    # one reciprocal per row, then a multiply per element (a division per
+    # element is a range-checked sequence of several instructions)
+    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None]
     if SCALE_MODE == 1:
         o = o * out_scale
     return o

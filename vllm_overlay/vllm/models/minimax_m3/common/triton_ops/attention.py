@@ -212,10 +212,14 @@ def default_prefill_layout(num_prefill_tokens: int, max_context: int, sparse_blo
 
 def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
                       max_blocks: int, pairs_per_tile: int, aggregate: bool = True,
-                      group_block: int = GROUP_BLOCK):
+                      group_block: int = GROUP_BLOCK, token_pos: torch.Tensor | None = None,
+                      sparse_block: int = 0):
     """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
     (request, KV head, block) on the device, without host syncs
-    (``block_major_group``: a counting sort in two launches).
+    (``block_major_group``: a counting sort in two launches).  With
+    ``token_pos`` (and ``sparse_block``) each group is split in two: group
+    ``2 * key + masked`` holds the pairs whose token does not see the whole
+    block (``masked``), so the rest need no causal mask.
 
     Returns int32 tensors (pair_tok, pair_slot) [P] sorted by group,
     (group_start, counts, tile_end) [NG] per group (``tile_end``: inclusive
@@ -229,7 +233,10 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     T, HKV, TOPK = topk_blocks.shape
     dev = topk_blocks.device
     P = T * HKV * TOPK
-    NG = num_reqs * HKV * max_blocks
+    split = token_pos is not None
+    if split and sparse_block <= 0:
+        raise ValueError("block_major_tiles: token_pos needs the sparse_block size")
+    NG = num_reqs * HKV * max_blocks * (2 if split else 1)
     if NG + P >= 2 ** 31:
         raise ValueError(f"block_major: {num_reqs} requests x {HKV} KV heads x {max_blocks} "
                          "blocks overflow int32 group ids; use token_tile or the per-token path")
@@ -238,10 +245,11 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     pair_rank = torch.empty(P, dtype=torch.int32, device=dev)
     grid = (cdiv(P, group_block),)
     block_major_rank_kernel[grid](
-        topk_blocks, token_req, pair_key, pair_rank, counts, P,
-        topk_blocks.stride(0), topk_blocks.stride(1),
+        topk_blocks, token_req, token_pos if split else token_req, pair_key, pair_rank,
+        counts, P, topk_blocks.stride(0), topk_blocks.stride(1),
         HKV=HKV, TOPK=TOPK, MAX_BLOCKS=max_blocks, NG=NG, BLOCK=group_block,
-        AGGREGATE=aggregate, num_warps=4)
+        AGGREGATE=aggregate, SPLIT_MASKED=split, SPARSE_BLOCK=max(1, sparse_block),
+        num_warps=4)
     group_start = torch.cumsum(counts, 0, dtype=torch.int32) - counts
     tile_end = torch.cumsum(torch.div(counts + pairs_per_tile - 1, pairs_per_tile,
                                       rounding_mode="floor"), 0, dtype=torch.int32)
@@ -548,13 +556,17 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                   and bool(tune.get("scale_held_kv", True)))
     # either way the held block is in the queries' dtype and so is the MMA
     mma_in_q_dtype = query_mma or scale_held
+    # the pairs that see their whole block grouped apart from the rest, so their
+    # steps run without the causal mask (the held block only)
+    split_masked = hold_kv and sparse_block == BLOCK_N and bool(tune.get("split_masked", True))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
         n = q_s.shape[0]
         pair_tok, pair_slot, group_start, counts, tile_end, num_tiles = block_major_tiles(
             req_s, topk_blocks[s:s + step], block_table.shape[0], max_blocks, chunk,
-            aggregate=bool(tune.get("aggregate_ranks", True)))
+            aggregate=bool(tune.get("aggregate_ranks", True)),
+            token_pos=pos_s if split_masked else None, sparse_block=sparse_block)
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)
@@ -578,6 +590,9 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             PREFETCH_QUERY=bool(tune.get("prefetch_query",
                                          not mma_in_q_dtype or v_in_merge or scale_held)),
             V_SCALE_IN_MERGE=v_in_merge, SCALE_HELD_KV=scale_held,
+            ONE_TILE_SOFTMAX=bool(tune.get("one_tile_softmax", True)),
+            MASK_PARTIAL_ONLY=bool(tune.get("mask_partial_only", True)),
+            SPLIT_MASKED=split_masked,
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
             # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
