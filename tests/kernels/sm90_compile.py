@@ -130,9 +130,10 @@ def main():
             # block-major prefill: 64 (token, slot) pairs per program, 4 or 8 per step
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16), 4),
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=8, CHUNK=64, TOPK=16), 8),
-            # each step's rows loaded during the step before
+            # each step's rows loaded during the step before; the groups split by
+            # whether their pairs see the whole block (the engine's launch for bf16)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
-                                                  PREFETCH_PAIRS=True), 4),
+                                                  PREFETCH_PAIRS=True, SPLIT_MASKED=True), 4),
             # ``query_mma`` (with scalar fp8 scales): an fp8 block converted to bf16
             # once, the MMA in bf16; the pair rows but not the query rows prefetched
             # (v_scale in the kernel), or (the default) both, v_scale in the merge
@@ -141,11 +142,13 @@ def main():
                                                   FP16_MMA=False), 4),
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True, PREFETCH_QUERY=True,
-                                                  FP16_MMA=False, V_SCALE_IN_MERGE=True), 4),
+                                                  FP16_MMA=False, V_SCALE_IN_MERGE=True,
+                                                  SPLIT_MASKED=True), 4),
             # per-token-head scales (mode 2 only) multiplied into the held block once
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   PREFETCH_PAIRS=True, PREFETCH_QUERY=True,
-                                                  FP16_MMA=False, SCALE_HELD_KV=True), 4),
+                                                  FP16_MMA=False, SCALE_HELD_KV=True,
+                                                  SPLIT_MASKED=True), 4),
             # K/V loaded again each step (shared memory through the pipeline)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 4),
@@ -182,10 +185,11 @@ def main():
     print(f"compiled sparse_attn_fwd_kernel SELECT_RANK ({len(cubin)} B cubin)", flush=True)
     done += 1
     # the block-major grouping (a counting sort of the chunk's (token, slot) pairs)
-    ptrs = dict(topk_ptr="*i32", req_ptr="*i32", pair_key_ptr="*i32", pair_rank_ptr="*i32",
-                counts_ptr="*i32", group_start_ptr="*i32", pair_tok_ptr="*i32",
-                pair_slot_ptr="*i32")
-    for kernel, extra in ((block_major_rank_kernel, dict(AGGREGATE=True)),
+    ptrs = dict(topk_ptr="*i32", req_ptr="*i32", pos_ptr="*i32", pair_key_ptr="*i32",
+                pair_rank_ptr="*i32", counts_ptr="*i32", group_start_ptr="*i32",
+                pair_tok_ptr="*i32", pair_slot_ptr="*i32")
+    for kernel, extra in ((block_major_rank_kernel, dict(AGGREGATE=True, SPLIT_MASKED=True,
+                                                         SPARSE_BLOCK=128)),
                           (block_major_rank_kernel, dict(AGGREGATE=False)),
                           (block_major_scatter_kernel, {})):
         cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=1024, **extra), 4)

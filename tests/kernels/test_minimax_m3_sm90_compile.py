@@ -27,11 +27,12 @@ def test_attention_kernels_compile_for_sm90():
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     # every variant the script lists compiled (it counts them)
     assert "ok 90 kernels" in res.stdout, res.stdout[-3000:]
-    # the engine's block-major launches with fp8 scales fit their registers, ptxas
-    # spills nothing: scalar scales (v_scale applied in the merge, query rows
-    # prefetched) and per-token-head scales (multiplied into the held block once)
+    # the engine's block-major launches fit their registers, ptxas spills
+    # nothing: bf16 (rows prefetched), scalar fp8 scales (v_scale applied in the
+    # merge, query rows prefetched) and per-token-head scales (multiplied into
+    # the held block once), each with its masked and unmasked step loops
     lines = res.stdout.splitlines()
-    for mode, switch in ((1, "V_SCALE_IN_MERGE"), (2, "SCALE_HELD_KV")):
+    for mode, switch in ((0, "SPLIT_MASKED"), (1, "V_SCALE_IN_MERGE"), (2, "SCALE_HELD_KV")):
         hit = [i for i, ln in enumerate(lines)
                if ln.startswith(f"compiled sparse_attn_block_major_kernel mode {mode}")
                and f"'{switch}': True" in ln]
