@@ -70,13 +70,16 @@ def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
 
 
 def ptx_code_digest(ptx: str) -> str:
-    """sha256 of the PTX's code: without the debug sections, source locations
-    and comments, which move with any edit of the Python source.  Equal
-    digests before and after a refactor of the kernels' helpers mean the same
-    machine code (``SM90_PTX_DIGESTS=FILE`` appends one line per kernel)."""
+    """sha256 of the PTX's code: without the debug sections, source locations,
+    debug scope labels and comments, which move with any edit of the Python
+    source.  Equal digests before and after a refactor of the kernels' helpers
+    mean the same machine code (``SM90_PTX_DIGESTS=FILE`` appends one line per
+    kernel)."""
     import hashlib
     code = ptx.split("\t.section\t.debug")[0]
-    lines = (ln for ln in code.splitlines() if not ln.strip().startswith((".loc", ".file", "//")))
+    # ``$L__tmpN:`` labels mark inlined helpers' scopes for the debug sections only
+    lines = (ln for ln in code.splitlines()
+             if not ln.strip().startswith((".loc", ".file", "//", "$L__tmp")))
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 

@@ -122,6 +122,17 @@ def key_tile_rows(topk_row, bt_row, it, it_hi, pos, offs_n,
 
 
 @triton.jit
+def tile_mma(a, b, IEEE: tl.constexpr):
+    """``a @ b`` (operands of one dtype); for IEEE runs (float32 operands) with
+    IEEE float32 products."""
+    if IEEE:
+        r = tl.dot(a, b, input_precision="ieee")
+    else:
+        r = tl.dot(a, b)
+    return r
+
+
+@triton.jit
 def attend_key_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, k_col_scale, v_col_scale,
                     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr):
     """Fold one tile of keys into the running softmax of every query row.
@@ -134,11 +145,7 @@ def attend_key_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, k_col_scale, v_co
     Returns the updated (m_i, l_i, acc).
     """
     cdt = q.dtype
-    if IEEE:
-        s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k.to(cdt)))
-    s = s * qk_scale
+    s = tile_mma(q, tl.trans(k.to(cdt)), IEEE) * qk_scale
     if SCALE_MODE == 2:
         s = s * k_col_scale[None, :]
     s = tl.where(visible, s, float("-inf"))
@@ -149,10 +156,7 @@ def attend_key_tile(q, k, v, visible, m_i, l_i, acc, qk_scale, k_col_scale, v_co
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if SCALE_MODE == 2:
         p = p * v_col_scale[None, :]
-    if IEEE:
-        pv = tl.dot(p, v.to(cdt), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(cdt), v.to(cdt))
+    pv = tile_mma(p.to(cdt), v.to(cdt), IEEE)
     acc = acc * alpha[:, None] + pv
     return m_new, l_i, acc
 
@@ -172,10 +176,7 @@ def attend_one_tile(q, k, v, visible, qk_scale, k_col_scale, v_col_scale,
     the row max in log2 units (a row that sees no key: 0, with mass 0), the
     mass and the unnormalized output, float32."""
     cdt = q.dtype
-    if IEEE:
-        s = tl.dot(q, tl.trans(k.to(cdt)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k.to(cdt)))
+    s = tile_mma(q, tl.trans(k.to(cdt)), IEEE)
     if SCALE_MODE == 2:
         s = s * (qk_scale * k_col_scale)[None, :]  # per-key scales: scaled first
         if MASKED:
@@ -194,11 +195,7 @@ def attend_one_tile(q, k, v, visible, qk_scale, k_col_scale, v_col_scale,
     l_i = tl.sum(p, axis=1)
     if SCALE_MODE == 2:
         p = p * v_col_scale[None, :]
-    if IEEE:
-        acc = tl.dot(p, v.to(cdt), input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(cdt), v.to(cdt))
-    return m, l_i, acc
+    return m, l_i, tile_mma(p.to(cdt), v.to(cdt), IEEE)
 
 
 @triton.jit

@@ -181,29 +181,21 @@ def sparse_attn_block_major_kernel(
             vsc = 0.0
             kp = offs_n
         # the steps, without the causal mask where every pair sees the whole
-        # block (a copy of the loop each, so neither carries the other's registers)
-        if ONE_KEY_TILE and ONE_TILE_SOFTMAX and MASK_PARTIAL_ONLY:
-            if see_all:
-                walk_pairs(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
-                           part_lse_ptr, kvs_ptr, bt_row, k_base, v_base, first, n, b, g,
-                           k, v, ksc, vsc, kp, qk_scale, k_elem_scale, v_elem_scale, out_scale,
-                           stride_qt, stride_qh, stride_cp, stride_cs,
-                           stride_sp, stride_skv, stride_ss, stride_sh,
-                           HQ, G, G_PAD, TM, D, D_PAD, TOPK, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE,
-                           SCALE_MODE, IEEE, FP16_MMA, ONE_KEY_TILE, PREFETCH_PAIRS,
-                           QUERY_AT_STEP, V_SCALE_IN_MERGE, SCALE_HELD_KV, True, False)
-            else:
-                walk_pairs(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
-                           part_lse_ptr, kvs_ptr, bt_row, k_base, v_base, first, n, b, g,
-                           k, v, ksc, vsc, kp, qk_scale, k_elem_scale, v_elem_scale, out_scale,
-                           stride_qt, stride_qh, stride_cp, stride_cs,
-                           stride_sp, stride_skv, stride_ss, stride_sh,
-                           HQ, G, G_PAD, TM, D, D_PAD, TOPK, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE,
-                           SCALE_MODE, IEEE, FP16_MMA, ONE_KEY_TILE, PREFETCH_PAIRS,
-                           QUERY_AT_STEP, V_SCALE_IN_MERGE, SCALE_HELD_KV, True, True)
+        # block: the loop is compiled once per mask mode (so neither copy carries
+        # the other's registers) and the program runs the copy that fits it
+        MASK_BY_PROGRAM: tl.constexpr = ONE_KEY_TILE and ONE_TILE_SOFTMAX and MASK_PARTIAL_ONLY
+        if MASK_BY_PROGRAM and see_all:
+            walk_pairs(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_lse_ptr,
+                       kvs_ptr, bt_row, k_base, v_base, first, n, b, g,
+                       k, v, ksc, vsc, kp, qk_scale, k_elem_scale, v_elem_scale, out_scale,
+                       stride_qt, stride_qh, stride_cp, stride_cs,
+                       stride_sp, stride_skv, stride_ss, stride_sh,
+                       HQ, G, G_PAD, TM, D, D_PAD, TOPK, SPARSE_BLOCK, BLOCK_N, PAGE_SIZE,
+                       SCALE_MODE, IEEE, FP16_MMA, ONE_KEY_TILE, PREFETCH_PAIRS,
+                       QUERY_AT_STEP, V_SCALE_IN_MERGE, SCALE_HELD_KV, True, False)
         else:
-            walk_pairs(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
-                       part_lse_ptr, kvs_ptr, bt_row, k_base, v_base, first, n, b, g,
+            walk_pairs(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_lse_ptr,
+                       kvs_ptr, bt_row, k_base, v_base, first, n, b, g,
                        k, v, ksc, vsc, kp, qk_scale, k_elem_scale, v_elem_scale, out_scale,
                        stride_qt, stride_qh, stride_cp, stride_cs,
                        stride_sp, stride_skv, stride_ss, stride_sh,
