@@ -12,8 +12,10 @@ minimal step loop both ways for sm_90 (Triton front end, ptxas from the
 triton wheel) and reports, from the SASS, how many exponentials (MUFU.EX2)
 issue between the loop's first QK wgmma and the wait that ends it, and the
 registers ptxas needs.  Results on stdout and in $OUT/probe_wgmma_overlap.json.
+It borrows ``tests/kernels/sm90_compile.py``'s helpers, which import the
+kernels: run it with the CPU test venv (``make install-cpu``).
 
-  python ci/probe_wgmma_overlap.py
+  .venv/bin/python ci/probe_wgmma_overlap.py
 """
 
 import json
