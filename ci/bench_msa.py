@@ -1135,7 +1135,7 @@ SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
                "block_major", "decode_profile", "decode_variants", "decode_attn_warps",
                "prefill_attn_profile", "index_tiles", "read_ceiling", "kv_dtype_parity",
-               "latency_floor")
+               "latency_floor", "prefill_index_split")
 
 
 def env_shapes(name, default):
@@ -1169,7 +1169,8 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    decode_attn_warps=sweep_decode_attn_warps,
                    prefill_attn_profile=sweep_prefill_attn_profile,
                    index_tiles=sweep_index_tiles, read_ceiling=sweep_read_ceiling,
-                   kv_dtype_parity=sweep_kv_dtype_parity, latency_floor=sweep_latency_floor)
+                   kv_dtype_parity=sweep_kv_dtype_parity, latency_floor=sweep_latency_floor,
+                   prefill_index_split=sweep_prefill_index_split)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -1667,6 +1668,38 @@ def sweep_prefill_index(timer, dev, index_block_topk, block_sparse_attention):
             out.append(dict(kind="prefill_index", context=ctx, context_splits=splits,
                             tune=tune, ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
+        del bt
+    return out
+
+
+def sweep_prefill_index_split(timer, dev, index_block_topk, block_sparse_attention):
+    """Prefill index, 8192-token chunk at the end of 8k / 32k / 128k contexts:
+    each tile's splits by its share of the work (the default) against fixed
+    context ranges (``split_by_work=False``), with the block table as wide as
+    the context and as wide as a 128k-token engine's (``table`` 131072: the
+    fixed ranges are then sized by the table, not the context)."""
+    out = []
+    for ctx in (8192, 32768, 131072):
+        bt = Batch([ctx], 8192, 0, dev)
+        tables = {ctx: bt.block_table}
+        if ctx < 131072:
+            wide = torch.zeros(1, 131072 // PAGE, dtype=torch.int32, device=dev)
+            wide[:, :bt.block_table.shape[1]] = bt.block_table
+            tables[131072] = wide
+        ref = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos,
+                               B, TOPK, num_decode_tokens=0, _tune=dict(split_by_work=False))
+        for width, table in tables.items():
+            for name, tune in (("by_work", None), ("fixed", dict(split_by_work=False))):
+                def run():
+                    return index_block_topk(bt.idx_q, bt.idx_k, table, bt.token_req,
+                                            bt.token_pos, B, TOPK, num_decode_tokens=0,
+                                            _tune=tune)
+                same, t = checked_time(
+                    timer, run,
+                    lambda: bool(torch.equal(run().sort(-1).values, ref.sort(-1).values)))
+                out.append(dict(kind="prefill_index_split", context=ctx, table=width,
+                                splits=name, ids_equal_fixed=same, us=t))
+                print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
 

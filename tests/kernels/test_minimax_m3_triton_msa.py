@@ -364,6 +364,33 @@ def test_index_block_topk_local_init(local, init):
         check_topk(got, scores, topk, tag=f"[seed {seed} local {local} init {init} {kw}]")
 
 
+@pytest.mark.parametrize("splits,min_blocks", [(4, 1), (3, 2), (8, 1)])
+def test_index_block_topk_split_by_work(splits, min_blocks):
+    """Prefill index with each tile's programs dividing the blocks its rows see
+    (``split_by_work``): a causal chunk (its last tiles see many more blocks
+    than its first), a chunk after a cached prefix and a short prompt, with
+    tiles of 8 rows shared between requests (interleaved order)."""
+    seed = _seed()
+    dtype = DTYPES[0]
+    _, _, _, Didx, B, page, topk = SHAPES[0]
+    H = 2
+    reqs = [(0, 6 * B + 5), (2 * B + 3, 3 * B - 3), (0, B - 1)]
+    batch = Batch(reqs, page, order=[1, 0, 2])
+    idx_q = torch.randn(batch.T, H, Didx, device=DEVICE).to(dtype)
+    idx_k, _ = make_idx_cache(batch, Didx, dtype)
+    scores = ref_block_scores(batch, idx_q, idx_k, B, local=1, init=0)
+    for tune in (dict(split_by_work=True, min_split_blocks=min_blocks, BLOCK_M=8),
+                 dict(split_by_work=True, min_split_blocks=min_blocks, BLOCK_M=8,
+                      skip_full_mask=True),
+                 dict(split_by_work=True, min_split_blocks=min_blocks, BLOCK_M=8,
+                      prefetch_rows=False)):
+        out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
+        got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
+                               batch.token_pos, B, topk, num_decode_tokens=0,
+                               context_splits=splits, out=out, _tune=tune)
+        check_topk(got, scores, topk, tag=f"[seed {seed} splits {splits} {tune}]")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_index_block_topk_fp8_index_cache(dtype):
     """Optional fp8 index-key cache (one float32 scale per token); with 16-bit

@@ -119,7 +119,9 @@ def index_block_topk(
       max_context: static upper bound on token_pos + 1 (default
         ``max_pages * page_size``); sizes the decode grid and score buffer.
       blocks_per_prog, context_splits, select_chunk: tuning overrides (tests
-        use them to exercise every code path; select_chunk a power of two).
+        use them to exercise every code path; select_chunk a power of two;
+        context_splits with ``_tune={"split_by_work": True}``: the most splits
+        per tile, else fixed context ranges).
       return_scores: decode batches (every token on the decode path) of at
         most ``SELECT_MAX_BLOCKS`` blocks per row: return the block scores
         [T, H_idx, max_blocks] float32 (+inf = forced; entries after a token's
@@ -128,7 +130,9 @@ def index_block_topk(
       fused_select: decode path in one launch (the last scoring program of a
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
-        num_warps, num_stages, prefetch_rows, skip_full_mask; decode decode_stages,
+        num_warps, num_stages, prefetch_rows, skip_full_mask, split_by_work=False:
+        fixed context ranges per split, min_split_blocks: the fewest blocks per
+        split with split_by_work (8); decode decode_stages,
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
         decode_warps, rank_select, tile_blocks (sparse blocks per key load)).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
@@ -268,21 +272,34 @@ def index_block_topk(
         if prefetch_rows and BLOCK_N != sparse_block:
             raise ValueError(f"prefetch_rows needs one key tile per sparse block "
                              f"(sparse_block {sparse_block} > {BLOCK_N})")
+        # splits of the context: by default each tile's programs divide the
+        # blocks its rows see, a tile taking splits in proportion to its share of
+        # the chunk's work (SPLIT_BY_WORK, at most twice the average); else fixed
+        # ranges of ``max_blocks / splits`` (``context_splits`` alone), which leave
+        # the last tiles of a causal chunk twice the average work and, when the
+        # block table is wider than the context, most programs none
+        by_work = bool(tune.get("split_by_work", context_splits is None))
         if context_splits is None:
             splits = 1
             while (splits < 64 and tiles * H * splits * 2 <= 2 * sms
                    and cdiv(max_blocks, splits * 2) >= 8):
                 splits *= 2
+            if by_work and splits > 1:
+                splits *= 2  # room for the tiles with more than their share
+            by_work = by_work and splits > 1
         else:
             splits = max(1, min(int(context_splits), max_blocks))
         bps = cdiv(max_blocks, splits)
-        splits = cdiv(max_blocks, bps)
+        if not by_work:
+            splits = cdiv(max_blocks, bps)
         common = dict(
             D=D, D_PAD=D_PAD, TOPK=topk, TOPK_PAD=TOPK_PAD,
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
             PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
             PREFETCH_ROWS=prefetch_rows,
+            SPLIT_BY_WORK=by_work, TILES_PAD=next_pow2(tiles) if by_work else 1,
+            MIN_SPLIT_BLOCKS=int(tune.get("min_split_blocks", 8)),
             # no per-element causal mask on blocks every row of the tile sees
             # in full: H200 run 8, 8192-token chunk, 740 vs 836 us at 128k,
             # 209 vs 229 at 32k (ci/results/2026-11-30-prefill-sweep-h200-run8.json)
