@@ -1688,8 +1688,13 @@ def sweep_prefill_index_split(timer, dev, index_block_topk, block_sparse_attenti
             tables[131072] = wide
         ref = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos,
                                B, TOPK, num_decode_tokens=0, _tune=dict(split_by_work=False))
+        variants = [("by_work", None), ("fixed", dict(split_by_work=False))]
+        # INDEX_SPLIT_TUNES: more variants, "name:json _tune" joined by ";"
+        variants += [(name, json.loads(tune)) for name, tune in
+                     (spec.split(":", 1) for spec in
+                      filter(None, os.environ.get("INDEX_SPLIT_TUNES", "").split(";")))]
         for width, table in tables.items():
-            for name, tune in (("by_work", None), ("fixed", dict(split_by_work=False))):
+            for name, tune in variants[:2] if width != ctx else variants:
                 def run():
                     return index_block_topk(bt.idx_q, bt.idx_k, table, bt.token_req,
                                             bt.token_pos, B, TOPK, num_decode_tokens=0,
@@ -1697,8 +1702,12 @@ def sweep_prefill_index_split(timer, dev, index_block_topk, block_sparse_attenti
                 same, t = checked_time(
                     timer, run,
                     lambda: bool(torch.equal(run().sort(-1).values, ref.sort(-1).values)))
+                try:  # each kernel's device time (profiler), the table as wide as the context
+                    kt = kernel_times(run, timer, reps=10) if width == ctx else None
+                except Exception as e:  # noqa: BLE001
+                    kt = repr(e)[:200]
                 out.append(dict(kind="prefill_index_split", context=ctx, table=width,
-                                splits=name, ids_equal_fixed=same, us=t))
+                                splits=name, tune=tune, ids_equal_fixed=same, us=t, kernels=kt))
                 print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
