@@ -1674,8 +1674,8 @@ def sweep_prefill_index(timer, dev, index_block_topk, block_sparse_attention):
 
 def sweep_prefill_index_split(timer, dev, index_block_topk, block_sparse_attention):
     """Prefill index, 8192-token chunk at the end of 8k / 32k / 128k contexts:
-    each tile's splits by its share of the work (the default) against fixed
-    context ranges (``split_by_work=False``), with the block table as wide as
+    each tile's splits dividing the blocks its rows see (the default) against fixed
+    context ranges (``split_visible=False``), with the block table as wide as
     the context and as wide as a 128k-token engine's (``table`` 131072: the
     fixed ranges are then sized by the table, not the context)."""
     out = []
@@ -1687,8 +1687,8 @@ def sweep_prefill_index_split(timer, dev, index_block_topk, block_sparse_attenti
             wide[:, :bt.block_table.shape[1]] = bt.block_table
             tables[131072] = wide
         ref = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos,
-                               B, TOPK, num_decode_tokens=0, _tune=dict(split_by_work=False))
-        variants = [("by_work", None), ("fixed", dict(split_by_work=False))]
+                               B, TOPK, num_decode_tokens=0, _tune=dict(split_visible=False))
+        variants = [("visible", None), ("fixed", dict(split_visible=False))]
         # INDEX_SPLIT_TUNES: more variants, "name:json _tune" joined by ";"
         variants += [(name, json.loads(tune)) for name, tune in
                      (spec.split(":", 1) for spec in

@@ -201,8 +201,8 @@ def main():
         done += 1
     # the prefill index at the engine's launch shape (128 rows per tile, 4 warps),
     # bf16 and fp8 index keys, with and without the pages resolved one block ahead
-    # (and the engine's default: each tile's splits by its share of the work)
-    for k_scaled, prefetch, skip, by_work in (
+    # (and the default: each tile's splits divide the blocks its rows see)
+    for k_scaled, prefetch, skip, visible in (
             (False, False, False, False), (True, False, False, False),
             (False, True, False, False), (True, True, False, False),
             (False, True, True, False), (True, True, True, False),
@@ -211,13 +211,13 @@ def main():
                     bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32", out_ids_ptr="*i32",
                     cand_v_ptr="*fp32")
         shape = dict(D=128, D_PAD=128, TOPK=16, TOPK_PAD=16, SPARSE_BLOCK=128, BLOCK_N=128,
-                     BLOCK_M=128, PAGE_SIZE=64, LOCAL=1, INIT=1, SPLITS=8 if by_work else 4,
+                     BLOCK_M=128, PAGE_SIZE=64, LOCAL=1, INIT=1, SPLITS=4,
                      K_SCALED=k_scaled, IEEE=False, PREFETCH_ROWS=prefetch,
-                     SKIP_FULL_MASK=skip, SPLIT_BY_WORK=by_work, TILES_PAD=64 if by_work else 1)
+                     SKIP_FULL_MASK=skip, SPLIT_VISIBLE=visible)
         cubin = compile_kernel(index_topk_prefill_kernel, ptrs, shape, 4)
         assert len(cubin) > 0
         print(f"compiled index_topk_prefill_kernel K_SCALED={k_scaled} PREFETCH_ROWS={prefetch} "
-              f"SKIP_FULL_MASK={skip} SPLIT_BY_WORK={by_work} "
+              f"SKIP_FULL_MASK={skip} SPLIT_VISIBLE={visible} "
               f"({len(cubin)} B cubin)", flush=True)
         done += 1
     # the decode index scoring, bf16 and fp8 index keys (fp16 dot with fp8)

@@ -365,11 +365,12 @@ def test_index_block_topk_local_init(local, init):
 
 
 @pytest.mark.parametrize("splits,min_blocks", [(4, 1), (3, 2), (8, 1)])
-def test_index_block_topk_split_by_work(splits, min_blocks):
+def test_index_block_topk_split_visible(splits, min_blocks):
     """Prefill index with each tile's programs dividing the blocks its rows see
-    (``split_by_work``): a causal chunk (its last tiles see many more blocks
-    than its first), a chunk after a cached prefix and a short prompt, with
-    tiles of 8 rows shared between requests (interleaved order)."""
+    (``split_visible``, the default): a causal chunk (its last tiles see many
+    more blocks than its first), a chunk after a cached prefix and a short
+    prompt, tiles of 8 rows shared between requests (interleaved order), and
+    a block table wider than any context (as in the engine)."""
     seed = _seed()
     dtype = DTYPES[0]
     _, _, _, Didx, B, page, topk = SHAPES[0]
@@ -379,16 +380,21 @@ def test_index_block_topk_split_by_work(splits, min_blocks):
     idx_q = torch.randn(batch.T, H, Didx, device=DEVICE).to(dtype)
     idx_k, _ = make_idx_cache(batch, Didx, dtype)
     scores = ref_block_scores(batch, idx_q, idx_k, B, local=1, init=0)
-    for tune in (dict(split_by_work=True, min_split_blocks=min_blocks, BLOCK_M=8),
-                 dict(split_by_work=True, min_split_blocks=min_blocks, BLOCK_M=8,
-                      skip_full_mask=True),
-                 dict(split_by_work=True, min_split_blocks=min_blocks, BLOCK_M=8,
-                      prefetch_rows=False)):
+    # the table's last column is unused (a valid id of a NaN-poisoned page)
+    bt = batch.block_table
+    wide = torch.cat([bt, bt[:, -1:].expand(-1, 5 * B // page)], 1)
+    for table, tune in ((bt, dict(split_visible=True, min_split_blocks=min_blocks, BLOCK_M=8)),
+                        (wide, dict(split_visible=True, min_split_blocks=min_blocks, BLOCK_M=8)),
+                        (bt, dict(split_visible=True, min_split_blocks=min_blocks, BLOCK_M=8,
+                                  skip_full_mask=True)),
+                        (wide, dict(split_visible=True, min_split_blocks=min_blocks, BLOCK_M=8,
+                                    prefetch_rows=False))):
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
-        got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
+        got = index_block_topk(idx_q, idx_k, table, batch.token_req,
                                batch.token_pos, B, topk, num_decode_tokens=0,
                                context_splits=splits, out=out, _tune=tune)
-        check_topk(got, scores, topk, tag=f"[seed {seed} splits {splits} {tune}]")
+        check_topk(got, scores, topk,
+                   tag=f"[seed {seed} splits {splits} table {table.shape[1]} {tune}]")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

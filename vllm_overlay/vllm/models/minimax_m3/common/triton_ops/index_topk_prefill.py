@@ -14,13 +14,11 @@ With ``SKIP_FULL_MASK`` the per-element causal mask is skipped (a branch on
 a scalar) for blocks that end at or before the earliest position of the
 request's rows in the tile -- all but the last few blocks of a long context.
 
-With ``SPLIT_BY_WORK`` the ``SPLITS`` programs of a tile divide the blocks
-each of its requests sees (not fixed ranges of ``blocks_per_split``), and a
-tile uses splits in proportion to its share of the chunk's visible blocks:
-``round(SPLITS / 2 * share)``, 1 to ``SPLITS``, at least ``MIN_SPLIT_BLOCKS``
-blocks each (the share estimated from each tile's last row: a causal chunk
-is a triangle, its last tiles see twice the average).  The programs past a
-tile's split count score nothing and write empty candidates.
+With ``SPLIT_VISIBLE`` the ``SPLITS`` programs of a tile divide the blocks
+each of its requests sees, at least ``MIN_SPLIT_BLOCKS`` each, instead of
+fixed ranges of ``blocks_per_split`` sized by the block table: an engine's
+table is as wide as its longest allowed context, and fixed ranges would give
+a shorter context's blocks to the first few splits only.
 
 With ``PREFETCH_ROWS`` (one key tile per sparse block) the block-table
 lookups of the next block are issued before this block's keys are scored, so
@@ -87,29 +85,6 @@ def insert_block(run_v, run_i, bmax, b, own_a, offs_k, LOCAL: tl.constexpr, INIT
 
 
 @triton.jit
-def tile_split_count(pos_ptr, tok_base, tok_end, tile, BLOCK_M: tl.constexpr,
-                     TILES_PAD: tl.constexpr, SPARSE_BLOCK: tl.constexpr,
-                     SPLITS: tl.constexpr, MIN_SPLIT_BLOCKS: tl.constexpr):
-    """How many of its SPLITS programs tile ``tile`` uses (SPLIT_BY_WORK): in
-    proportion to its share of the visible blocks of all tiles of the chunk
-    (each tile's estimated from its last row's position), SPLITS / 2 for an
-    average tile, 1 to SPLITS, and at least MIN_SPLIT_BLOCKS blocks each.
-    Every program of the tile computes the same count from the same rows."""
-    offs_t = tl.arange(0, TILES_PAD)
-    last = tl.minimum(tok_base + (offs_t + 1) * BLOCK_M, tok_end) - 1
-    tvalid = tok_base + offs_t * BLOCK_M < tok_end
-    seen = tl.where(tvalid, tl.load(pos_ptr + last, mask=tvalid, other=0) // SPARSE_BLOCK + 1,
-                    0).to(tl.int64)
-    total = tl.maximum(tl.sum(seen, axis=0), 1)
-    mine = tl.sum(tl.where(offs_t == tile, seen, 0), axis=0)
-    tiles = tl.sum(tvalid.to(tl.int64), axis=0)
-    # round(SPLITS / 2 * mine / (total / tiles))
-    n = (SPLITS * mine * tiles + total) // (2 * total)
-    n = tl.minimum(n, (mine + MIN_SPLIT_BLOCKS - 1) // MIN_SPLIT_BLOCKS)
-    return tl.maximum(tl.minimum(n, SPLITS), 1).to(tl.int32)
-
-
-@triton.jit
 def index_topk_prefill_kernel(
     q_ptr, k_ptr, ks_ptr, bt_ptr, req_ptr, pos_ptr,
     out_ids_ptr, cand_v_ptr,
@@ -125,8 +100,7 @@ def index_topk_prefill_kernel(
     PAGE_SIZE: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
     SPLITS: tl.constexpr, K_SCALED: tl.constexpr, IEEE: tl.constexpr,
     PREFETCH_ROWS: tl.constexpr = False, SKIP_FULL_MASK: tl.constexpr = False,
-    SPLIT_BY_WORK: tl.constexpr = False, TILES_PAD: tl.constexpr = 1,
-    MIN_SPLIT_BLOCKS: tl.constexpr = 8,
+    SPLIT_VISIBLE: tl.constexpr = False, MIN_SPLIT_BLOCKS: tl.constexpr = 8,
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -152,11 +126,6 @@ def index_topk_prefill_kernel(
     run_v = tl.where(offs_k[None, :] < TOPK, float("-inf"), float("inf")) + tl.zeros([BLOCK_M, TOPK_PAD], tl.float32)
     run_i = tl.full([BLOCK_M, TOPK_PAD], -1, tl.int32)
 
-    if SPLIT_BY_WORK:
-        splits_here = tile_split_count(pos_ptr, tok_base, tok_end, pid_m, BLOCK_M, TILES_PAD,
-                                       SPARSE_BLOCK, SPLITS, MIN_SPLIT_BLOCKS)
-    else:
-        splits_here = SPLITS
     r_lo = tl.min(tl.where(rmask, req, 2147483647), axis=0)
     r_hi = tl.max(tl.where(rmask, req, -1), axis=0)
     for r in range(r_lo, r_hi + 1):
@@ -165,10 +134,10 @@ def index_topk_prefill_kernel(
         own_a = tl.where(act, own, -1)
         max_pos = tl.max(pos_a, axis=0)
         min_pos = tl.min(tl.where(act, pos, 2147483647), axis=0)
-        if SPLIT_BY_WORK:  # this split's share of the blocks the request's rows see
+        if SPLIT_VISIBLE:  # this split's share of the blocks the request's rows see
             seen = tl.max(own_a, axis=0) + 1
-            per_split = tl.cdiv(seen, splits_here)
-            b_lo = tl.where(split < splits_here, split * per_split, seen)
+            per_split = tl.maximum(tl.cdiv(seen, SPLITS), MIN_SPLIT_BLOCKS)
+            b_lo = split * per_split
             b_hi = tl.minimum(seen, b_lo + per_split)
         else:
             b_lo = split * blocks_per_split

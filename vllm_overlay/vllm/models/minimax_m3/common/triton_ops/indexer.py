@@ -120,8 +120,8 @@ def index_block_topk(
         ``max_pages * page_size``); sizes the decode grid and score buffer.
       blocks_per_prog, context_splits, select_chunk: tuning overrides (tests
         use them to exercise every code path; select_chunk a power of two;
-        context_splits with ``_tune={"split_by_work": True}``: the most splits
-        per tile, else fixed context ranges).
+        context_splits alone: fixed context ranges, with
+        ``_tune={"split_visible": True}`` splits of the blocks a tile sees).
       return_scores: decode batches (every token on the decode path) of at
         most ``SELECT_MAX_BLOCKS`` blocks per row: return the block scores
         [T, H_idx, max_blocks] float32 (+inf = forced; entries after a token's
@@ -130,9 +130,9 @@ def index_block_topk(
       fused_select: decode path in one launch (the last scoring program of a
         token selects its top-k; arrival counters in a persistent buffer).
       _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
-        num_warps, num_stages, prefetch_rows, skip_full_mask, split_by_work=False:
+        num_warps, num_stages, prefetch_rows, skip_full_mask, split_visible=False:
         fixed context ranges per split, min_split_blocks: the fewest blocks per
-        split with split_by_work (8); decode decode_stages,
+        split with split_visible (8); decode decode_stages,
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
         decode_warps, rank_select, tile_blocks (sparse blocks per key load)).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
@@ -273,32 +273,30 @@ def index_block_topk(
             raise ValueError(f"prefetch_rows needs one key tile per sparse block "
                              f"(sparse_block {sparse_block} > {BLOCK_N})")
         # splits of the context: by default each tile's programs divide the
-        # blocks its rows see, a tile taking splits in proportion to its share of
-        # the chunk's work (SPLIT_BY_WORK, at most twice the average); else fixed
-        # ranges of ``max_blocks / splits`` (``context_splits`` alone), which leave
-        # the last tiles of a causal chunk twice the average work and, when the
-        # block table is wider than the context, most programs none
-        by_work = bool(tune.get("split_by_work", context_splits is None))
+        # blocks its rows see (SPLIT_VISIBLE); else (``split_visible=False``, or
+        # ``context_splits`` alone) fixed ranges of ``max_blocks / splits``, sized
+        # by the block table: as wide as the engine's longest context, they leave
+        # a shorter context's blocks to the first splits (H200 run 41, 8192-token
+        # chunk, table for 128k: 74 vs 188 us at 8k context, 203 vs 672 at 32k;
+        # equal when the table is as wide as the context)
+        split_visible = bool(tune.get("split_visible", context_splits is None))
         if context_splits is None:
             splits = 1
             while (splits < 64 and tiles * H * splits * 2 <= 2 * sms
                    and cdiv(max_blocks, splits * 2) >= 8):
                 splits *= 2
-            if by_work and splits > 1:
-                splits *= 2  # room for the tiles with more than their share
-            by_work = by_work and splits > 1
         else:
             splits = max(1, min(int(context_splits), max_blocks))
         bps = cdiv(max_blocks, splits)
-        if not by_work:
-            splits = cdiv(max_blocks, bps)
+        splits = cdiv(max_blocks, bps)
+        split_visible = split_visible and splits > 1
         common = dict(
             D=D, D_PAD=D_PAD, TOPK=topk, TOPK_PAD=TOPK_PAD,
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
             PAGE_SIZE=page_size, LOCAL=local_blocks, INIT=init_blocks,
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
             PREFETCH_ROWS=prefetch_rows,
-            SPLIT_BY_WORK=by_work, TILES_PAD=next_pow2(tiles) if by_work else 1,
+            SPLIT_VISIBLE=split_visible,
             MIN_SPLIT_BLOCKS=int(tune.get("min_split_blocks", 8)),
             # no per-element causal mask on blocks every row of the tile sees
             # in full: H200 run 8, 8192-token chunk, 740 vs 836 us at 128k,
