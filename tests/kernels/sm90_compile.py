@@ -62,7 +62,8 @@ def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
                               target=TARGET, options=dict(
                                   num_warps=num_warps, num_stages=num_stages or 2))
     print(f"  {kernel.fn.__name__}: {resource_usage(compiled.asm['ptx'])}, "
-          f"{compiled.metadata.shared} B shared", flush=True)
+          f"{compiled.metadata.shared} B shared, {f2f_count(compiled.asm['cubin'])} F2F",
+          flush=True)
     if os.environ.get("SM90_PTX_DIGESTS"):
         with open(os.environ["SM90_PTX_DIGESTS"], "a") as f:
             f.write(f"{kernel.fn.__name__} {ptx_code_digest(compiled.asm['ptx'])}\n")
@@ -81,6 +82,24 @@ def ptx_code_digest(ptx: str) -> str:
     lines = (ln for ln in code.splitlines()
              if not ln.strip().startswith((".loc", ".file", "//", "$L__tmp")))
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def f2f_count(cubin: bytes) -> int:
+    """How many F2F instructions the SASS has: conversions on the conversion
+    unit (16 per clock per SM on sm_90), e.g. fp8 -> bf16 taken directly
+    (``_attend.widen_to`` goes through float32 instead); the triton wheel's
+    cuobjdump disassembles."""
+    import subprocess
+    import tempfile
+    from triton.backends.nvidia.compiler import get_ptxas
+    cuobjdump = os.path.join(os.path.dirname(get_ptxas(90).path), "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True,
+                              check=True).stdout
+    return sum(1 for ln in sass.splitlines() if " F2F." in ln or " F2F " in ln)
 
 
 def resource_usage(ptx: str) -> str:

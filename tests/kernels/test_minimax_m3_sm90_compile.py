@@ -30,7 +30,9 @@ def test_attention_kernels_compile_for_sm90():
     # the engine's block-major launches fit their registers, ptxas spills
     # nothing: bf16 (rows prefetched), scalar fp8 scales (v_scale applied in the
     # merge, query rows prefetched) and per-token-head scales (multiplied into
-    # the held block once), each with its masked and unmasked step loops
+    # the held block once), each with its masked and unmasked step loops; and
+    # none converts on the conversion unit (F2F: the held fp8 block went fp8 ->
+    # bf16 directly, one F2F per element, until H200 run 41)
     lines = res.stdout.splitlines()
     for mode, switch in ((0, "SPLIT_MASKED"), (1, "V_SCALE_IN_MERGE"), (2, "SCALE_HELD_KV")):
         hit = [i for i, ln in enumerate(lines)
@@ -38,3 +40,4 @@ def test_attention_kernels_compile_for_sm90():
                and f"'{switch}': True" in ln]
         assert len(hit) == 1, (mode, switch, res.stdout[-3000:])
         assert " 0 bytes spill stores" in lines[hit[0] - 1], (mode, switch, lines[hit[0] - 1])
+        assert lines[hit[0] - 1].endswith(" 0 F2F"), (mode, switch, lines[hit[0] - 1])

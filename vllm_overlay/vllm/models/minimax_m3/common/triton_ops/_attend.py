@@ -40,6 +40,18 @@ def dot_operand(q, IEEE: tl.constexpr, FP16_MMA: tl.constexpr):
 
 
 @triton.jit
+def widen_to(x, dtype: tl.constexpr):
+    """``x`` (fp8 or 16-bit) in ``dtype`` (bf16 / fp16), through float32.  On
+    sm_90 fp8 -> bf16 directly is a 16-bit unpack and one F2F per element, on
+    the conversion unit (16 per clock per SM); through float32 it is the
+    unpack, HADD2.F32 widenings and F2FP packs, all on the FMA pipes.  Exact
+    either way (fp8 and bf16 values are exact in float32)."""
+    if x.dtype.is_fp8():
+        x = x.to(tl.float32)
+    return x.to(dtype)
+
+
+@triton.jit
 def scales_and_operand(q, sm_scale, k_scale_ptr, v_scale_ptr, SCALE_MODE: tl.constexpr,
                        IEEE: tl.constexpr, FP16_MMA: tl.constexpr):
     """``dot_operand(q)`` and ``softmax_scales``: (q, qk_scale, k_elem_scale,

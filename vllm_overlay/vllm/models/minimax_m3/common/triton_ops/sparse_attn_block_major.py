@@ -60,7 +60,7 @@ Layouts (element strides):
 """
 
 from ._attend import (attend_key_tile, attend_one_tile, attend_sparse_block, dot_operand,
-                      load_key_tile, normalized_output, softmax_scales)
+                      load_key_tile, normalized_output, softmax_scales, widen_to)
 from ._triton import tl, triton
 
 
@@ -171,9 +171,9 @@ def sparse_attn_block_major_kernel(
             elif FP16_MMA:
                 k = k.to(tl.float16)
                 v = v.to(tl.float16)
-            elif not IEEE:
-                k = k.to(q_ptr.dtype.element_ty)
-                v = v.to(q_ptr.dtype.element_ty)
+            elif not IEEE:  # fp8 or bf16 -> the queries' dtype, through fp32
+                k = widen_to(k, q_ptr.dtype.element_ty)
+                v = widen_to(v, q_ptr.dtype.element_ty)
         else:  # stand-ins: the steps load the block themselves
             k = 0.0
             v = 0.0
