@@ -443,6 +443,9 @@ def test_index_block_topk_bad_input():
         with pytest.raises(ValueError, match="tile_blocks"):
             index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos,
                              B, topk, blocks_per_prog=bpp, _tune=dict(tile_blocks=tile))
+    with pytest.raises(ValueError, match="min_split_blocks"):
+        index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos,
+                         B, topk, num_decode_tokens=0, _tune=dict(min_split_blocks=0))
 
 
 # --------------------------------------------------------------------------

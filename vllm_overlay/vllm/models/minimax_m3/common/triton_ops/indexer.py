@@ -290,6 +290,9 @@ def index_block_topk(
         bps = cdiv(max_blocks, splits)
         splits = cdiv(max_blocks, bps)
         split_visible = split_visible and splits > 1
+        min_split_blocks = int(tune.get("min_split_blocks", 8))
+        if min_split_blocks < 1:
+            raise ValueError(f"min_split_blocks must be at least 1, got {min_split_blocks}")
         common = dict(
             D=D, D_PAD=D_PAD, TOPK=topk, TOPK_PAD=TOPK_PAD,
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M,
@@ -297,7 +300,7 @@ def index_block_topk(
             SPLITS=splits, K_SCALED=k_scaled, IEEE=ieee,
             PREFETCH_ROWS=prefetch_rows,
             SPLIT_VISIBLE=split_visible,
-            MIN_SPLIT_BLOCKS=int(tune.get("min_split_blocks", 8)),
+            MIN_SPLIT_BLOCKS=min_split_blocks,
             # no per-element causal mask on blocks every row of the tile sees
             # in full: H200 run 8, 8192-token chunk, 740 vs 836 us at 128k,
             # 209 vs 229 at 32k (ci/results/2026-11-30-prefill-sweep-h200-run8.json)
