@@ -1487,18 +1487,26 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
             variants = ((("default", None), ("pb64", dict(partial_bytes=64 << 20)),
                          ("per_pair_ranks", dict(aggregate_ranks=False)), *extra)
                         if kv_mode == 0 else (("default", None),))
+            first = None
             for name, tune in variants:
                 def attn(tune=tune, kb=kb, kv_mode=kv_mode):
                     block_sparse_attention(kb.q, kb.kv, kb.block_table, kb.token_req,
                                            kb.token_pos, sel, B, D ** -0.5, kv_mode,
                                            kb.k_scale, kb.v_scale, kb.kv_scales,
                                            out=o, block_major=4, _tune=tune)
+                diff = None
                 try:
+                    # each variant's output against the first's (the default's)
+                    o.fill_(float("nan"))
+                    attn()
+                    if first is None:
+                        first = o.clone()
+                    diff = float((o.float() - first.float()).abs().max())
                     kt, t = kernel_times(attn, timer, reps=10), timer.time_fn(attn)
                 except Exception as e:  # noqa: BLE001
                     kt, t = repr(e)[:200], None
                 out.append(dict(kind="prefill_attn_profile", context=ctx, kv_mode=kv_mode,
-                                variant=name, kernels=kt, graph_us=t))
+                                variant=name, kernels=kt, graph_us=t, max_diff_first=diff))
                 print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out

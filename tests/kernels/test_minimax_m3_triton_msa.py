@@ -627,10 +627,15 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # per-token-head scales applied at each step in an
                                 # fp16 MMA (the default scales the held block once)
                                 (4, n_decode, dict(scale_held_kv=False)),
+                                # each step's successor's scores issued before its softmax
+                                # (experimental; not with unfolded scalar scales)
+                                (2, n_decode, dict(rotate_steps=True, pairs_per_program=8)),
                                 # launches of a few tokens' partials (slices of the batch)
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (8 if ON_GPU else 1, batch.T // 2, None)):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
+                continue
+            if tune and tune.get("rotate_steps") and mode == 1 and not fold:
                 continue
             out = torch.full_like(q, float("nan"))
             got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,
@@ -712,6 +717,10 @@ def test_block_major_bad_input():
         block_sparse_attention(*args, block_major=3)
     with pytest.raises(ValueError, match="pick one"):
         block_sparse_attention(*args, block_major=4, token_tile=4)
+    for tune in (dict(rotate_steps=True, hold_kv=False),
+                 dict(rotate_steps=True, one_tile_softmax=False)):
+        with pytest.raises(ValueError, match="rotate_steps needs the held block"):
+            block_sparse_attention(*args, block_major=4, _tune=tune)
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))

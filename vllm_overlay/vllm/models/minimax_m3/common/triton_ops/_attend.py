@@ -189,6 +189,15 @@ def attend_one_tile(q, k, v, visible, qk_scale, k_col_scale, v_col_scale,
     mass and the unnormalized output, float32."""
     cdt = q.dtype
     s = tile_mma(q, tl.trans(k.to(cdt)), IEEE)
+    return softmax_one_tile(s, v, visible, qk_scale, k_col_scale, v_col_scale, cdt,
+                            SCALE_MODE, IEEE, MASKED)
+
+
+@triton.jit
+def softmax_one_tile(s, v, visible, qk_scale, k_col_scale, v_col_scale, cdt: tl.constexpr,
+                     SCALE_MODE: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """``attend_one_tile`` from the raw scores ``s`` [M, N] float32 (q k^T, not
+    scaled) on: softmax and the probabilities times ``v`` in ``cdt``."""
     if SCALE_MODE == 2:
         s = s * (qk_scale * k_col_scale)[None, :]  # per-key scales: scaled first
         if MASKED:

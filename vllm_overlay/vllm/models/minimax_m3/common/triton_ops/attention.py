@@ -351,7 +351,11 @@ def block_sparse_attention(
         ``key_split``: the per-token kernel also splits each selected block
         into this many key ranges, one program each (tokens before
         ``tile_start`` only when a prefill layout is given); default
-        ``DECODE_KEY_SPLIT`` where those programs still fit the SMs, else 1).
+        ``DECODE_KEY_SPLIT`` where those programs still fit the SMs, else 1);
+        ``rotate_steps`` (experimental, off): block-major issues each step's
+        successor's score MMA before the step's softmax (``walk_pairs_rotated``;
+        the held block and the one-tile softmax only; two pipeline stages
+        unless ``num_stages`` says otherwise).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -559,6 +563,13 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # the pairs that see their whole block grouped apart from the rest, so their
     # steps run without the causal mask (the held block only)
     split_masked = hold_kv and sparse_block == BLOCK_N and bool(tune.get("split_masked", True))
+    rotate = bool(tune.get("rotate_steps", False))
+    if rotate and not (hold_kv and sparse_block == BLOCK_N and kernel_mode != 3
+                       and tune.get("one_tile_softmax", True)
+                       and tune.get("mask_partial_only", True)):
+        raise ValueError("rotate_steps needs the held block (hold_kv, sparse_block == "
+                         f"BLOCK_N: {sparse_block} vs {BLOCK_N}), the one-tile softmax with "
+                         f"mask_partial_only, and KV scale mode 0-2 (got {kernel_mode})")
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -592,12 +603,12 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             V_SCALE_IN_MERGE=v_in_merge, SCALE_HELD_KV=scale_held,
             ONE_TILE_SOFTMAX=bool(tune.get("one_tile_softmax", True)),
             MASK_PARTIAL_ONLY=bool(tune.get("mask_partial_only", True)),
-            SPLIT_MASKED=split_masked,
+            SPLIT_MASKED=split_masked, ROTATE_STEPS=rotate,
             num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
             # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
             # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
             # ci/results/2026-11-30-block-major-sweep5-h200-run10.json
-            num_stages=tune.get("num_stages", 1),
+            num_stages=tune.get("num_stages", 2 if rotate else 1),
         )
         # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
         # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4
