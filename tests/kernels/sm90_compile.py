@@ -171,6 +171,11 @@ def main():
                                                   PREFETCH_PAIRS=True, PREFETCH_QUERY=True,
                                                   FP16_MMA=False, SCALE_HELD_KV=True,
                                                   SPLIT_MASKED=True), 4),
+            # experimental: each step's successor's scores issued before its softmax
+            # (two pipeline stages; bf16 only)
+            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
+                                                  PREFETCH_PAIRS=True, SPLIT_MASKED=True,
+                                                  ROTATE_STEPS=True), 4),
             # K/V loaded again each step (shared memory through the pipeline)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 4),
@@ -181,13 +186,16 @@ def main():
         for kernel, extra, warps in variants:
             # the variants of one scale mode only
             if (extra.get("SCALE_HELD_KV") and mode != 2
-                    or extra.get("V_SCALE_IN_MERGE") and mode != 1):
+                    or extra.get("V_SCALE_IN_MERGE") and mode != 1
+                    or extra.get("ROTATE_STEPS") and mode != 0):
                 continue
             # the block-major partials are fp16 for a bf16 model (the split ones fp32)
             kptrs = (dict(ptrs, part_o_ptr="*fp16") if kernel is sparse_attn_block_major_kernel
                      else ptrs)
-            # block-major runs with one pipeline stage (attention._block_major_attention)
-            stages = 1 if kernel is sparse_attn_block_major_kernel else None
+            # block-major runs with one pipeline stage (attention._block_major_attention;
+            # two with the experimental rotated steps)
+            stages = (None if extra.get("ROTATE_STEPS")
+                      else 1 if kernel is sparse_attn_block_major_kernel else None)
             cubin = compile_kernel(kernel, kptrs, dict(shape, **extra), warps, stages)
             assert len(cubin) > 0
             print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
