@@ -10,7 +10,8 @@
 # Env: BUDGET_S (default 570, the call's wall limit), TESTS_S (default 300, pytest's
 # share), TEST_SHARDS (default 1: pytest processes run in parallel), GIT_COMMIT
 # (recorded by the bench), BENCH_ARGS, BENCH=0 (tests only), PYTEST_K (a pytest -k
-# expression: only those tests).
+# expression: only those tests), PROBE (a probe script under ci/, run instead of the
+# bench with the same stub, e.g. PROBE=probe_dense_prefix.py).
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash ci/gpu_kernel_job.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +66,10 @@ elif [ "${TESTS_S}" -gt 0 ]; then
 fi
 
 budget=$(( $(left) - 10 ))
-if [ "${BENCH:-1}" = 0 ]; then
+if [ -n "${PROBE:-}" ]; then
+  OUT="$OUT" timeout -s TERM "$budget" python3 "ci/$PROBE" > "$OUT/probe.log" 2>&1
+  echo "probe $PROBE rc=$? ($(( $(date +%s) - T0 )) s)"; tail -40 "$OUT/probe.log"
+elif [ "${BENCH:-1}" = 0 ]; then
   echo "bench skipped (BENCH=0)"
 elif [ "$budget" -gt 30 ]; then
   OUT="$OUT" timeout -s TERM "$budget" python3 ci/bench_msa.py ${BENCH_ARGS:-} \
