@@ -19,11 +19,13 @@ def sparse_attn_merge_kernel(
     stride_ot, stride_oh,
     HQ: tl.constexpr, S: tl.constexpr, S_PAD: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
-    V_SCALE: tl.constexpr = False,
+    V_SCALE: tl.constexpr = False, SKIP_EMPTY: tl.constexpr = False,
 ):
     """Partials and weights are loaded side by side (an empty split's partial
     is loaded too and weighs nothing: ``where``, never a product with what an
-    unwritten slot holds)."""
+    unwritten slot holds).  SKIP_EMPTY: the partials are loaded after the
+    weights, only those of non-empty splits (block-major's tokens that see
+    fewer blocks than top-k leave slots empty)."""
     if PDL:  # launched early: wait for the attention partials
         tl_cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
@@ -33,8 +35,9 @@ def sparse_attn_merge_kernel(
     smask = offs_s < S
     row = t * HQ + h
     lse = tl.load(part_lse_ptr + row * S + offs_s, mask=smask, other=float("-inf"))
+    omask = smask & (lse > float("-inf")) if SKIP_EMPTY else smask
     o = tl.load(part_o_ptr + (row * S + offs_s[:, None]) * D_PAD + offs_d[None, :],
-                mask=smask[:, None], other=0.0)
+                mask=omask[:, None], other=0.0)
     m = tl.max(lse, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(lse - m_safe)  # 0 for empty splits
