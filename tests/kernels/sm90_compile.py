@@ -171,11 +171,6 @@ def main():
                                                   PREFETCH_PAIRS=True, PREFETCH_QUERY=True,
                                                   FP16_MMA=False, SCALE_HELD_KV=True,
                                                   SPLIT_MASKED=True), 4),
-            # experimental: each step's successor's scores issued before its softmax
-            # (two pipeline stages; bf16 only)
-            (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
-                                                  PREFETCH_PAIRS=True, SPLIT_MASKED=True,
-                                                  ROTATE_STEPS=True), 4),
             # K/V loaded again each step (shared memory through the pipeline)
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=4, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 4),
@@ -186,16 +181,13 @@ def main():
         for kernel, extra, warps in variants:
             # the variants of one scale mode only
             if (extra.get("SCALE_HELD_KV") and mode != 2
-                    or extra.get("V_SCALE_IN_MERGE") and mode != 1
-                    or extra.get("ROTATE_STEPS") and mode != 0):
+                    or extra.get("V_SCALE_IN_MERGE") and mode != 1):
                 continue
             # the block-major partials are fp16 for a bf16 model (the split ones fp32)
             kptrs = (dict(ptrs, part_o_ptr="*fp16") if kernel is sparse_attn_block_major_kernel
                      else ptrs)
-            # block-major runs with one pipeline stage (attention._block_major_attention;
-            # two with the experimental rotated steps)
-            stages = (None if extra.get("ROTATE_STEPS")
-                      else 1 if kernel is sparse_attn_block_major_kernel else None)
+            # block-major runs with one pipeline stage (attention._block_major_attention)
+            stages = 1 if kernel is sparse_attn_block_major_kernel else None
             cubin = compile_kernel(kernel, kptrs, dict(shape, **extra), warps, stages)
             assert len(cubin) > 0
             print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
@@ -299,8 +291,15 @@ def main():
                                                           v_scale_ptr="*fp32"),
                            dict(HQ=16, S=8, S_PAD=8, D=128, D_PAD=128, PDL=True), 4)
     assert len(cubin) > 0
-    print("compiled block_topk_select_kernel and sparse_attn_merge_kernel PDL=True", flush=True)
-    done += 2
+    # block-major's merge: fp16 partials, one warp, empty slots not read
+    cubin = compile_kernel(sparse_attn_merge_kernel, dict(part_o_ptr="*fp16",
+                                                          part_lse_ptr="*fp32", out_ptr="*bf16",
+                                                          v_scale_ptr="*fp32"),
+                           dict(HQ=16, S=16, S_PAD=16, D=128, D_PAD=128, SKIP_EMPTY=True), 1)
+    assert len(cubin) > 0
+    print("compiled block_topk_select_kernel and sparse_attn_merge_kernel PDL=True and "
+          "SKIP_EMPTY=True", flush=True)
+    done += 3
     # the two-launch decode of batch 1-2 over 64-block tables (score_attend_decode):
     # every scale mode with 4 key ranges per block, bf16 and fp8 index keys, one range;
     # PDL as the engine launches them at batch 1-2 on sm90; 4 warps (batch 1) and,

@@ -627,15 +627,12 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # per-token-head scales applied at each step in an
                                 # fp16 MMA (the default scales the held block once)
                                 (4, n_decode, dict(scale_held_kv=False)),
-                                # each step's successor's scores issued before its softmax
-                                # (experimental; not with unfolded scalar scales)
-                                (2, n_decode, dict(rotate_steps=True, pairs_per_program=8)),
-                                # launches of a few tokens' partials (slices of the batch)
+                                # launches of a few tokens' partials (slices of the batch);
+                                # the merge reading every slot's partial, empty ones too
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
+                                (2, n_decode, dict(merge_skip_empty=False)),
                                 (8 if ON_GPU else 1, batch.T // 2, None)):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
-                continue
-            if tune and tune.get("rotate_steps") and mode == 1 and not fold:
                 continue
             out = torch.full_like(q, float("nan"))
             got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,
@@ -652,41 +649,6 @@ def test_block_sparse_attention_block_major(case, shape):
             torch.testing.assert_close(
                 got.double(), ref, atol=atol * loose, rtol=rtol,
                 msg=lambda m: f"[seed {seed} mode {mode} fold {fold} block_major {tm} "
-                              f"start {start} tune {tune}] {m}")
-
-
-@pytest.mark.parametrize("case", list(TILE_CASES))
-@pytest.mark.parametrize("shape", [0, 1])
-def test_block_sparse_attention_prefix_blocks(case, shape):
-    """``prefix_blocks`` with ``block_major``: the tokens that see fewer than
-    that many blocks run ``sparse_attn_prefix`` (tiles of consecutive tokens
-    walking every block they see, masked by each token's selection), the
-    rest block-major: equals the oracle for every KV scale mode, with
-    prefixes that hold none, some and all of a request's tokens, tiles that
-    span two requests and decode tokens before ``tile_start``."""
-    seed = _seed()
-    dtype = DTYPES[-1]
-    Hq, Hkv, D, _, B, page, topk = SHAPES[shape]
-    reqs = TILE_CASES[case](B)
-    batch = Batch(reqs, page)
-    n_decode = next((i for i, (_, n) in enumerate(reqs) if n != 1), len(reqs))
-    sel = (shared_selection if shape == 0 else random_selection)(batch, Hkv, topk, B)
-    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
-    blocks = int(batch.token_pos.max()) // B + 1
-    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
-            batch, q, sel, Hkv, D, B, dtype):
-        for prefix, start, tune in ((1, n_decode, None),
-                                    (max(2, blocks // 2), 0, dict(prefix_tile=2)),
-                                    (blocks, n_decode, dict(prefix_tile=8, prefix_block_n=16)),
-                                    (64, n_decode, dict(merge_skip_empty=False))):
-            out = torch.full_like(q, float("nan"))
-            block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
-                                   sel, B, D ** -0.5, mode, ks, vs, kvs,
-                                   fold_scalar_scales=fold, out=out, block_major=2,
-                                   tile_start=start, prefix_blocks=prefix, _tune=tune)
-            torch.testing.assert_close(
-                out.double(), ref, atol=atol, rtol=rtol,
-                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} prefix_blocks {prefix} "
                               f"start {start} tune {tune}] {m}")
 
 
@@ -752,16 +714,6 @@ def test_block_major_bad_input():
         block_sparse_attention(*args, block_major=3)
     with pytest.raises(ValueError, match="pick one"):
         block_sparse_attention(*args, block_major=4, token_tile=4)
-    with pytest.raises(ValueError, match="prefix_blocks runs with the block_major layout"):
-        block_sparse_attention(*args, prefix_blocks=2)
-    with pytest.raises(ValueError, match=r"prefix_blocks must be in \[0, 64\]"):
-        block_sparse_attention(*args, block_major=4, prefix_blocks=65)
-    with pytest.raises(ValueError, match="prefix_tile must be a power of two"):
-        block_sparse_attention(*args, block_major=4, prefix_blocks=2, _tune=dict(prefix_tile=3))
-    for tune in (dict(rotate_steps=True, hold_kv=False),
-                 dict(rotate_steps=True, one_tile_softmax=False)):
-        with pytest.raises(ValueError, match="rotate_steps needs the held block"):
-            block_sparse_attention(*args, block_major=4, _tune=tune)
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))

@@ -44,12 +44,6 @@ whole block (every position at or after its last key) runs its steps without
 the causal mask; SPLIT_MASKED groups the pairs so (``block_major_group``),
 and group ``grp`` is then block group ``grp // 2``.
 
-ROTATE_STEPS (the block held, one-tile softmax; experimental, off by default):
-each step issues the next step's score MMA before its own softmax
-(``walk_pairs_rotated``), so the tensor cores work while the exponentials
-run; the next step's query rows are loaded in the loop, for the software
-pipeliner (``num_stages=2``) to stage in shared memory.
-
 Layouts (element strides):
   q         [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
   pair_tok, pair_slot [P] int32: pairs sorted by group (token index in
@@ -66,7 +60,7 @@ Layouts (element strides):
 """
 
 from ._attend import (attend_key_tile, attend_one_tile, attend_sparse_block, dot_operand,
-                      load_key_tile, normalized_output, softmax_one_tile, softmax_scales,
+                      load_key_tile, normalized_output, softmax_scales,
                       tile_mma, widen_to)
 from ._triton import tl, triton
 
@@ -117,7 +111,6 @@ def sparse_attn_block_major_kernel(
     PREFETCH_QUERY: tl.constexpr = True, V_SCALE_IN_MERGE: tl.constexpr = False,
     SCALE_HELD_KV: tl.constexpr = False, ONE_TILE_SOFTMAX: tl.constexpr = True,
     MASK_PARTIAL_ONLY: tl.constexpr = True, SPLIT_MASKED: tl.constexpr = False,
-    ROTATE_STEPS: tl.constexpr = False,
 ):
     QUERY_AT_STEP: tl.constexpr = PREFETCH_PAIRS and not PREFETCH_QUERY
     # the whole block is one key tile: load it once into registers for all the
@@ -192,23 +185,7 @@ def sparse_attn_block_major_kernel(
         # block: the loop is compiled once per mask mode (so neither copy carries
         # the other's registers) and the program runs the copy that fits it
         MASK_BY_PROGRAM: tl.constexpr = ONE_KEY_TILE and ONE_TILE_SOFTMAX and MASK_PARTIAL_ONLY
-        if ROTATE_STEPS:
-            tl.static_assert(MASK_BY_PROGRAM and SCALE_MODE != 3)
-            if see_all:
-                walk_pairs_rotated(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
-                                   part_lse_ptr, first, n, g, k, v, ksc, vsc, kp, qk_scale,
-                                   out_scale, stride_qt, stride_qh, HQ, G, G_PAD, TM, D, D_PAD,
-                                   TOPK, 0 if SCALE_HELD_KV else SCALE_MODE,
-                                   0 if V_SCALE_IN_MERGE or SCALE_HELD_KV else SCALE_MODE,
-                                   IEEE, FP16_MMA, False)
-            else:
-                walk_pairs_rotated(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
-                                   part_lse_ptr, first, n, g, k, v, ksc, vsc, kp, qk_scale,
-                                   out_scale, stride_qt, stride_qh, HQ, G, G_PAD, TM, D, D_PAD,
-                                   TOPK, 0 if SCALE_HELD_KV else SCALE_MODE,
-                                   0 if V_SCALE_IN_MERGE or SCALE_HELD_KV else SCALE_MODE,
-                                   IEEE, FP16_MMA, True)
-        elif MASK_BY_PROGRAM and see_all:
+        if MASK_BY_PROGRAM and see_all:
             walk_pairs(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_lse_ptr,
                        kvs_ptr, bt_row, k_base, v_base, first, n, b, g,
                        k, v, ksc, vsc, kp, qk_scale, k_elem_scale, v_elem_scale, out_scale,
@@ -325,56 +302,3 @@ def walk_pairs(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_lse
             rvalid, slot, pos_r, q = pair_rows(
                 q_ptr, pair_slot_ptr, pos_ptr, tok, first, s0 + TM, n, row_pair,
                 row_head < G, heads, offs_d, dmask, stride_qt, stride_qh, True)
-
-
-@triton.jit
-def walk_pairs_rotated(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_lse_ptr,
-                       first, n, g, k, v, ksc, vsc, kp, qk_scale, out_scale,
-                       stride_qt, stride_qh,
-                       HQ: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, TM: tl.constexpr,
-                       D: tl.constexpr, D_PAD: tl.constexpr, TOPK: tl.constexpr,
-                       TILE_MODE: tl.constexpr, OUT_MODE: tl.constexpr, IEEE: tl.constexpr,
-                       FP16_MMA: tl.constexpr, MASKED: tl.constexpr):
-    """``walk_pairs`` for the held block with the one-tile softmax (ROTATE_STEPS):
-    the scores of step i + 1 are issued before step i's softmax.  TILE_MODE:
-    the scale mode of the steps' softmax (0 once the scales are in the held
-    block); OUT_MODE: of the normalized output (0 when the merge applies
-    v_scale).  The step's pair slots and positions are loaded one step ahead,
-    its query rows in the step before it (the scores' operand)."""
-    R: tl.constexpr = TM * G_PAD
-    offs_r = tl.arange(0, R)
-    offs_d = tl.arange(0, D_PAD)
-    dmask = offs_d < D
-    row_pair = offs_r // G_PAD
-    row_head = offs_r % G_PAD
-    head_valid = row_head < G
-    heads = g * G + row_head
-    tok = tl.load(pair_tok_ptr + first + row_pair, mask=row_pair < n, other=0)
-    pvalid = row_pair < n
-    slot = tl.load(pair_slot_ptr + first + row_pair, mask=pvalid, other=0)
-    pos_r = tl.load(pos_ptr + tok, mask=pvalid, other=-1)
-    q = dot_operand(query_rows(q_ptr, tok, pvalid & head_valid, heads, offs_d, dmask,
-                               stride_qt, stride_qh), IEEE, FP16_MMA)
-    kt = tl.trans(k.to(q.dtype))
-    s = tile_mma(q, kt, IEEE)
-    for s0 in range(0, n, TM):
-        rvalid = (s0 + row_pair < n) & head_valid
-        # the next step's pairs and their scores, before this step's softmax
-        nvalid = s0 + TM + row_pair < n
-        tok_n = tl.load(pair_tok_ptr + first + s0 + TM + row_pair, mask=nvalid, other=0)
-        q_n = query_rows(q_ptr, tok_n, nvalid & head_valid, heads, offs_d, dmask, stride_qt,
-                         stride_qh)
-        s_n = tile_mma(dot_operand(q_n, IEEE, FP16_MMA), kt, IEEE)
-        slot_n = tl.load(pair_slot_ptr + first + s0 + TM + row_pair, mask=nvalid, other=0)
-        pos_n = tl.load(pos_ptr + tok_n, mask=nvalid, other=-1)
-        vis = rvalid[:, None] & (kp[None, :] <= pos_r[:, None])
-        m_i, l_i, acc = softmax_one_tile(s, v, vis, qk_scale, ksc, vsc, kt.dtype, TILE_MODE,
-                                         IEEE, MASKED)
-        o = normalized_output(acc, l_i, out_scale, OUT_MODE)
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)),
-                       float("-inf"))
-        ph = (tok.to(tl.int64) * HQ + heads) * TOPK + slot
-        tl.store(part_o_ptr + ph[:, None] * D_PAD + offs_d[None, :],
-                 o.to(part_o_ptr.dtype.element_ty), mask=rvalid[:, None] & dmask[None, :])
-        tl.store(part_lse_ptr + ph, lse, mask=rvalid)
-        s, tok, slot, pos_r = s_n, tok_n, slot_n, pos_n
