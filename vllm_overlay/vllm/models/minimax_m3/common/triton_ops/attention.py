@@ -213,7 +213,7 @@ def default_prefill_layout(num_prefill_tokens: int, max_context: int, sparse_blo
 def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
                       max_blocks: int, pairs_per_tile: int, aggregate: bool = True,
                       group_block: int = GROUP_BLOCK, token_pos: torch.Tensor | None = None,
-                      sparse_block: int = 0):
+                      sparse_block: int = 0, group_warps: int = 4):
     """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
     (request, KV head, block) on the device, without host syncs
     (``block_major_group``: a counting sort in two launches).  With
@@ -249,7 +249,7 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
         counts, P, topk_blocks.stride(0), topk_blocks.stride(1),
         HKV=HKV, TOPK=TOPK, MAX_BLOCKS=max_blocks, NG=NG, BLOCK=group_block,
         AGGREGATE=aggregate, SPLIT_MASKED=split, SPARSE_BLOCK=max(1, sparse_block),
-        num_warps=4)
+        num_warps=group_warps)
     group_start = torch.cumsum(counts, 0, dtype=torch.int32) - counts
     tile_end = torch.cumsum(torch.div(counts + pairs_per_tile - 1, pairs_per_tile,
                                       rounding_mode="floor"), 0, dtype=torch.int32)
@@ -343,7 +343,10 @@ def block_sparse_attention(
         ``partial_bytes``: block-major partial outputs per launch, default
         ``BLOCK_MAJOR_PARTIAL_BYTES``; ``aggregate_ranks``: block-major's
         grouping adds to its counters once per group and program (default;
-        False: once per pair; see ``block_major_tiles``); ``prefetch_rows``:
+        False: once per pair; see ``block_major_tiles``); ``group_block``: pairs
+        per program of the grouping, a power of two (default ``GROUP_BLOCK``),
+        ``group_warps`` the warps of its rank kernel (default 4);
+        ``prefetch_rows``:
         the per-token kernel resolves the next key tile's selection slot and
         pages one tile ahead (default: ``default_prefetch_rows``, per-token-head
         scales only); ``pdl``: programmatic dependent launch of the per-token
@@ -568,6 +571,8 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         pair_tok, pair_slot, group_start, counts, tile_end, num_tiles = block_major_tiles(
             req_s, topk_blocks[s:s + step], block_table.shape[0], max_blocks, chunk,
             aggregate=bool(tune.get("aggregate_ranks", True)),
+            group_block=int(tune.get("group_block", GROUP_BLOCK)),
+            group_warps=int(tune.get("group_warps", 4)),
             token_pos=pos_s if split_masked else None, sparse_block=sparse_block)
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
