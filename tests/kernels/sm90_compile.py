@@ -19,6 +19,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from vllm.models.minimax_m3.common.triton_ops.attention import GROUP_BLOCK  # noqa: E402
 from vllm.models.minimax_m3.common.triton_ops.block_major_group import (  # noqa: E402
     block_major_rank_kernel, block_major_scatter_kernel)
 from vllm.models.minimax_m3.common.triton_ops.index_score_decode import (  # noqa: E402
@@ -214,7 +215,7 @@ def main():
                                                          SPARSE_BLOCK=128)),
                           (block_major_rank_kernel, dict(AGGREGATE=False)),
                           (block_major_scatter_kernel, {})):
-        cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=1024, **extra), 4)
+        cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=GROUP_BLOCK, **extra), 4)
         assert len(cubin) > 0
         print(f"compiled {kernel.fn.__name__} {extra} ({len(cubin)} B cubin)", flush=True)
         done += 1

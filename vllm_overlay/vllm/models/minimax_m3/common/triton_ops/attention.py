@@ -120,7 +120,11 @@ def validate_attention_inputs(q, kv_cache, block_table, token_req, token_pos, sp
 TOKEN_TILE_MAX_BLOCKS_PER_TOPK = 4
 # block-major prefill: (token, slot) pairs per program (one K/V load for all)
 BLOCK_MAJOR_PAIRS = 64
-GROUP_BLOCK = 1024  # pairs per program of the grouping launches
+# pairs per program of the grouping launches: H200 run 42, 8192-token chunk, the
+# rank kernel 8.7 / 9.6 us at 8k / 32k context against 14.0 / 14.2 with 1024
+# (256: 7.7 / 10.4; 2048: 49.5 / 50.1), the attention 541.7 vs 547.7 us at 8k and
+# 621.4 vs 629.0 at 32k (ci/results/2026-12-01-merge-skip-group-block-profile-h200-run42.json)
+GROUP_BLOCK = 512
 # partial outputs of one block-major launch, at most: an 8192-token chunk x 16
 # heads x top-16 x 128 in fp16; longer batches (or more heads) run in slices
 BLOCK_MAJOR_PARTIAL_BYTES = 512 << 20
