@@ -388,7 +388,10 @@ def test_index_block_topk_split_visible(splits, min_blocks):
                         (bt, dict(split_visible=True, min_split_blocks=min_blocks, BLOCK_M=8,
                                   skip_full_mask=True)),
                         (wide, dict(split_visible=True, min_split_blocks=min_blocks, BLOCK_M=8,
-                                    prefetch_rows=False))):
+                                    prefetch_rows=False)),
+                        # the splits' candidates merged by arg-max rounds, not by rank
+                        (bt, dict(split_visible=True, min_split_blocks=min_blocks, BLOCK_M=8,
+                                  rank_select=False))):
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, table, batch.token_req,
                                batch.token_pos, B, topk, num_decode_tokens=0,

@@ -18,7 +18,8 @@ RANK (SINGLE_CHUNK only): no chain of TOPK arg-max reductions; every entry
 counts the entries ahead of it (larger, or equal and to its left) in one
 pass over [CHUNK, RANK_COLS] tiles, and the entries ranked below TOPK go
 straight to the slot of their rank (CHUNK x CHUNK comparisons: for short
-rows, i.e. short contexts).
+rows, i.e. short contexts, or the prefill index's candidates of a few
+splits); with HAS_IDS the slot gets the entry's id, else its column.
 """
 
 from ._triton import tl, tl_cuda, triton
@@ -76,14 +77,19 @@ def vector_ranks(v, TOPK: tl.constexpr):
 
 
 @triton.jit
-def rank_topk_row(vals_ptr, row, n_valid, n_cols, out_row_ptr, TOPK: tl.constexpr,
+def rank_topk_row(vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr, TOPK: tl.constexpr,
                   TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, RANK_COLS: tl.constexpr,
-                  VOLATILE: tl.constexpr):
+                  VOLATILE: tl.constexpr, HAS_IDS: tl.constexpr = False):
     """``select_topk_row`` by rank for a row of at most CHUNK entries; the
-    slots are filled in descending score order (ties: the lower column first)."""
+    slots are filled in descending score order (ties: the lower column first)
+    with the entries' ids (HAS_IDS) or columns."""
     offs = tl.arange(0, CHUNK)
     rank, chosen = row_ranks(vals_ptr, row, n_valid, n_cols, TOPK, CHUNK, RANK_COLS, VOLATILE)
-    tl.store(out_row_ptr + rank, offs.to(tl.int32), mask=chosen)
+    if HAS_IDS:
+        picked = tl.load(ids_ptr + row + offs, mask=chosen, other=-1)
+    else:
+        picked = offs.to(tl.int32)
+    tl.store(out_row_ptr + rank, picked, mask=chosen)
     # the chosen entries hold ranks 0 .. n_chosen - 1: -1 in the slots after them
     n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
     offs_k = tl.arange(0, TOPK_PAD)
@@ -101,11 +107,11 @@ def select_topk_row(
     """Top-k of ``vals[row + 0 .. row + n_valid)`` into ``out_row_ptr[0:TOPK]``.
     VOLATILE: read the row uncached (it was written by other programs of the
     same launch; see index_block_max_decode_kernel's FUSED_SELECT).
-    RANK: ``rank_topk_row`` (SINGLE_CHUNK rows without ids)."""
+    RANK: ``rank_topk_row`` (SINGLE_CHUNK rows)."""
     if RANK:
-        tl.static_assert(SINGLE_CHUNK and not HAS_IDS)
-        rank_topk_row(vals_ptr, row, n_valid, n_cols, out_row_ptr, TOPK, TOPK_PAD, CHUNK,
-                      RANK_COLS, VOLATILE)
+        tl.static_assert(SINGLE_CHUNK)
+        rank_topk_row(vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr, TOPK, TOPK_PAD,
+                      CHUNK, RANK_COLS, VOLATILE, HAS_IDS)
     else:
         offs_k = tl.arange(0, TOPK_PAD)
         offs_c = tl.arange(0, CHUNK)

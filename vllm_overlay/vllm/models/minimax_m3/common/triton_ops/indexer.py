@@ -134,7 +134,9 @@ def index_block_topk(
         fixed context ranges per split, min_split_blocks: the fewest blocks per
         split with split_visible (8); decode decode_stages,
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
-        decode_warps, rank_select, tile_blocks (sparse blocks per key load)).
+        decode_warps, tile_blocks (sparse blocks per key load); rank_select:
+        the top-k by rank in one pass, decode rows and the prefill splits'
+        candidates, default for rows of at most 64 entries).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
     the block scores, with ``return_scores``).
     """
@@ -324,6 +326,10 @@ def index_block_topk(
                 cand_i, cand_v, nd, T, bps, *args, cand_v.stride(0), cand_v.stride(1),
                 **common)
             mchunk = select_chunk or min(next_pow2(splits * topk), 1024)
+            # the splits' candidates ranked in one pass (the decode rule: rows of
+            # at most 64 entries, i.e. 4 splits of top-16)
+            mrank = (bool(tune.get("rank_select", mchunk <= 64))
+                     and splits * topk <= mchunk <= 256)
             block_topk_select_kernel[(npf, H)](
                 cand_v, cand_i, token_pos, out,
                 nd, splits * topk,
@@ -332,6 +338,7 @@ def index_block_topk(
                 TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=mchunk,
                 SPARSE_BLOCK=sparse_block, HAS_IDS=True, VALID_FROM_POS=False,
                 SINGLE_CHUNK=splits * topk <= mchunk,
+                RANK=mrank, RANK_COLS=min(mchunk, max(16, 4096 // mchunk)),
                 num_warps=_select_warps(mchunk),
             )
     return out
