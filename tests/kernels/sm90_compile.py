@@ -287,6 +287,15 @@ def main():
                                warps)
         assert len(cubin) > 0
         done += 1
+    # the prefill index's merge of its splits' candidates (ids) by rank: 4 splits x 16
+    cubin = compile_kernel(block_topk_select_kernel, dict(vals_ptr="*fp32", ids_ptr="*i32",
+                                                          pos_ptr="*i32", out_ptr="*i32"),
+                           dict(TOPK=16, TOPK_PAD=16, CHUNK=64, SPARSE_BLOCK=128,
+                                HAS_IDS=True, VALID_FROM_POS=False, SINGLE_CHUNK=True,
+                                RANK=True, RANK_COLS=64), 1)
+    assert len(cubin) > 0
+    print("compiled block_topk_select_kernel RANK HAS_IDS", flush=True)
+    done += 1
     cubin = compile_kernel(sparse_attn_merge_kernel, dict(part_o_ptr="*fp32",
                                                           part_lse_ptr="*fp32", out_ptr="*bf16",
                                                           v_scale_ptr="*fp32"),
