@@ -634,12 +634,6 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # the merge reading every slot's partial, empty ones too
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (2, n_decode, dict(merge_skip_empty=False)),
-                                # the merge in the block-major kernel: the program that
-                                # completes a token merges it (programs of a few pairs,
-                                # so a token's pairs end in several programs); in slices
-                                (2, n_decode, dict(fused_merge=True, pairs_per_program=4)),
-                                (2, 0, dict(fused_merge=True,
-                                            partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (8 if ON_GPU else 1, batch.T // 2, None)):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
                 continue

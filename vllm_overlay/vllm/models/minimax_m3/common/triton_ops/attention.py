@@ -568,9 +568,6 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # the pairs that see their whole block grouped apart from the rest, so their
     # steps run without the causal mask (the held block only)
     split_masked = hold_kv and sparse_block == BLOCK_N and bool(tune.get("split_masked", True))
-    # the merge in the block-major kernel: the program that completes a token
-    # merges it (``FUSED_MERGE``), not a launch after it
-    fused_merge = bool(tune.get("fused_merge", False))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -582,16 +579,8 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             group_warps=int(tune.get("group_warps", 4)),
             token_pos=pos_s if split_masked else None, sparse_block=sparse_block)
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
-        sel_s = topk_blocks[s:s + step]
-        if fused_merge:
-            # the kernel merges (it reads only the slots that hold a block), and
-            # counts each (token, KV head)'s arrived pairs
-            part_lse = torch.empty((n, HQ, topk), dtype=torch.float32, device=q.device)
-            arrivals = torch.zeros((n, HKV), dtype=torch.int32, device=q.device)
-        else:
-            part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
-                                  device=q.device)
-            arrivals = part_lse
+        part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
+                              device=q.device)
         sparse_attn_block_major_kernel[(num_tiles,)](
             q_s, kv_cache, block_table, req_s, pos_s,
             pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
@@ -600,9 +589,6 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
             sstr[0], sstr[1], sstr[2], sstr[3],
             block_table.stride(0),
-            out_s, sel_s, arrivals, out.stride(0), out.stride(1), sel_s.stride(0),
-            sel_s.stride(1),
-            FUSED_MERGE=fused_merge, TOPK_PAD=max(2, next_pow2(topk)),
             HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD,
             TOPK=topk, SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
             SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma and not mma_in_q_dtype,
@@ -630,8 +616,6 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         # first 2048 tokens see fewer than 16 blocks), merge 129.1 vs 141.8 us, the
         # attention 0.978x in 7 of 7 paired rounds
         # (ci/results/2026-12-01-probe-prefix-kernel-h200-run42.json)
-        if fused_merge:
-            continue
         sparse_attn_merge_kernel[(n, HQ)](
             part_o, part_lse, out_s, vs if v_in_merge else part_lse, out.stride(0),
             out.stride(1), HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,

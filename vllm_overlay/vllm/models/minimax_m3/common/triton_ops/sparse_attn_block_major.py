@@ -44,16 +44,6 @@ whole block (every position at or after its last key) runs its steps without
 the causal mask; SPLIT_MASKED groups the pairs so (``block_major_group``),
 and group ``grp`` is then block group ``grp // 2``.
 
-FUSED_MERGE: the merge runs in this kernel instead of ``sparse_attn_merge``.
-At its end each program counts its pairs as arrived (one atomic add per pair
-on its (token, KV head) counter, after a barrier, so every thread's partial
-stores precede the release).  The program whose arrival completes a token's
-selection (the count reaches the number of its slots that hold a block)
-merges that token's slots for the group's query heads and writes the output
-rows.  The merge's reads then overlap other programs' math instead of
-following the whole launch, and its launch is gone.  Empty slots are never
-read (so ``part_lse`` need not be filled).
-
 Layouts (element strides):
   q         [T, Hq, D];  kv_cache [num_pages, 2, page_size, Hkv, D]
   pair_tok, pair_slot [P] int32: pairs sorted by group (token index in
@@ -67,8 +57,6 @@ Layouts (element strides):
             grid's surplus, nothing to do)
   part_o    [T, Hq, TOPK, D_PAD] (float32 or float16), normalised per slot
   part_lse  [T, Hq, TOPK] float32, log2 of the slot's softmax mass
-  FUSED_MERGE only: out [T, Hq, D]; topk [T, Hkv, TOPK] int32 (the
-            selections, -1: empty slot); arrivals [T, Hkv] int32, zero at launch
 """
 
 from ._attend import (attend_key_tile, attend_one_tile, attend_sparse_block, dot_operand,
@@ -114,7 +102,6 @@ def sparse_attn_block_major_kernel(
     stride_cp, stride_ckv, stride_cs, stride_ch,
     stride_sp, stride_skv, stride_ss, stride_sh,
     stride_bt,
-    out_ptr, topk_ptr, arrivals_ptr, stride_ot, stride_oh, stride_kt, stride_kh,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, TM: tl.constexpr,
     CHUNK: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, TOPK: tl.constexpr,
@@ -124,7 +111,6 @@ def sparse_attn_block_major_kernel(
     PREFETCH_QUERY: tl.constexpr = True, V_SCALE_IN_MERGE: tl.constexpr = False,
     SCALE_HELD_KV: tl.constexpr = False, ONE_TILE_SOFTMAX: tl.constexpr = True,
     MASK_PARTIAL_ONLY: tl.constexpr = True, SPLIT_MASKED: tl.constexpr = False,
-    FUSED_MERGE: tl.constexpr = False, TOPK_PAD: tl.constexpr = 16,
 ):
     QUERY_AT_STEP: tl.constexpr = PREFETCH_PAIRS and not PREFETCH_QUERY
     # the whole block is one key tile: load it once into registers for all the
@@ -218,82 +204,6 @@ def sparse_attn_block_major_kernel(
                        SCALE_MODE, IEEE, FP16_MMA, ONE_KEY_TILE, PREFETCH_PAIRS,
                        QUERY_AT_STEP, V_SCALE_IN_MERGE, SCALE_HELD_KV,
                        ONE_KEY_TILE and ONE_TILE_SOFTMAX, True)
-        if FUSED_MERGE:
-            merge_completed_tokens(part_o_ptr, part_lse_ptr, out_ptr, topk_ptr, arrivals_ptr,
-                                   v_scale_ptr, pair_tok_ptr, first, n, g,
-                                   stride_ot, stride_oh, stride_kt, stride_kh,
-                                   HQ, HKV, G, G_PAD, TM, CHUNK, D, D_PAD, TOPK, TOPK_PAD,
-                                   V_SCALE_IN_MERGE)
-
-
-@triton.jit
-def merge_completed_tokens(part_o_ptr, part_lse_ptr, out_ptr, topk_ptr, arrivals_ptr,
-                           v_scale_ptr, pair_tok_ptr, first, n, g,
-                           stride_ot, stride_oh, stride_kt, stride_kh,
-                           HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr,
-                           G_PAD: tl.constexpr, TM: tl.constexpr, CHUNK: tl.constexpr,
-                           D: tl.constexpr, D_PAD: tl.constexpr, TOPK: tl.constexpr,
-                           TOPK_PAD: tl.constexpr, V_SCALE: tl.constexpr):
-    """FUSED_MERGE, at the end of a program: count its ``n`` pairs from
-    ``first`` as arrived and merge the tokens they complete, ``TM`` pairs at a
-    time (rows [TM, G_PAD] of query heads ``g * G + h``)."""
-    offs_k = tl.arange(0, TOPK_PAD)
-    # the pairs' tokens loaded again here: kept from the program's start they
-    # would be live through the step loop (ptxas spills)
-    offs_c = tl.arange(0, CHUNK)
-    cvalid = offs_c < n
-    ctok = tl.load(pair_tok_ptr + first + offs_c, mask=cvalid, other=0)
-    tok64 = ctok.to(tl.int64)
-    # how many of the token's slots hold a block (the pairs it has in all)
-    sel = tl.load(topk_ptr + tok64[:, None] * stride_kt + g * stride_kh + offs_k[None, :],
-                  mask=cvalid[:, None] & (offs_k[None, :] < TOPK), other=-1)
-    wanted = tl.sum((sel >= 0).to(tl.int32), axis=1)
-    tl.debug_barrier()  # every thread's partial stores precede the release
-    arrived = tl.atomic_add(arrivals_ptr + tok64 * HKV + g, 1, mask=cvalid, sem="acq_rel")
-    done = cvalid & (arrived + 1 == wanted)
-    tl.debug_barrier()  # the acquiring threads' arrivals precede every thread's reads
-    # the completed pairs by step [CHUNK // TM, TM], taken a row at a time
-    done_w = tl.reshape(done.to(tl.int32), (CHUNK // TM, TM))
-    offs_w = tl.arange(0, CHUNK // TM)
-    offs_t = tl.arange(0, TM)
-    offs_h = tl.arange(0, G_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    heads = g * G + offs_h
-    for w in range(0, tl.cdiv(n, TM)):
-        last = tl.sum(tl.where(offs_w[:, None] == w, done_w, 0), axis=0) > 0  # [TM]
-        if tl.max(last.to(tl.int32), axis=0) > 0:
-            p = w * TM + offs_t
-            tok = tl.load(pair_tok_ptr + first + p, mask=last, other=0).to(tl.int64)
-            rmask = last[:, None] & (offs_h[None, :] < G)  # [TM, G_PAD]
-            ph = (tok[:, None] * HQ + heads[None, :]) * TOPK  # the rows' first slot
-            # the slots' weights: log-sum-exp over the slots that hold a block
-            sel_w = tl.load(topk_ptr + tok[:, None] * stride_kt + g * stride_kh
-                            + offs_k[None, :], mask=last[:, None] & (offs_k[None, :] < TOPK),
-                            other=-1)
-            smask = rmask[:, :, None] & (sel_w >= 0)[:, None, :]  # [TM, G_PAD, TOPK_PAD]
-            lse = tl.load(part_lse_ptr + ph[:, :, None] + offs_k[None, None, :], mask=smask,
-                          other=float("-inf"), volatile=True)
-            m = tl.max(lse, axis=2)
-            m = tl.where(m == float("-inf"), 0.0, m)
-            w_sum = tl.sum(tl.exp2(lse - m[:, :, None]), axis=2)
-            inv = 1.0 / tl.where(w_sum > 0.0, w_sum, 1.0)
-            acc = tl.zeros([TM, G_PAD, D_PAD], tl.float32)
-            for s in tl.static_range(TOPK):
-                held = tl.load(topk_ptr + tok * stride_kt + g * stride_kh + s, mask=last,
-                               other=-1) >= 0
-                smask_s = rmask & held[:, None]
-                lse_s = tl.load(part_lse_ptr + ph + s, mask=smask_s, other=float("-inf"),
-                                volatile=True)
-                wt = tl.exp2(lse_s - m) * inv  # 0 for empty slots
-                o_s = tl.load(part_o_ptr + (ph + s)[:, :, None] * D_PAD + offs_d[None, None, :],
-                              mask=smask_s[:, :, None], other=0.0, volatile=True)
-                acc += o_s.to(tl.float32) * wt[:, :, None]
-            if V_SCALE:
-                acc = acc * tl.load(v_scale_ptr)
-            optr = (out_ptr + tok[:, None, None] * stride_ot + heads[None, :, None] * stride_oh
-                    + offs_d[None, None, :])
-            tl.store(optr, acc.to(out_ptr.dtype.element_ty),
-                     mask=rmask[:, :, None] & (offs_d < D)[None, None, :])
 
 
 @triton.jit
