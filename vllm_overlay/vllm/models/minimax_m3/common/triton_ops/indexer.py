@@ -281,6 +281,8 @@ def index_block_topk(
         # a shorter context's blocks to the first splits (H200 run 41, 8192-token
         # chunk, table for 128k: 74 vs 188 us at 8k context, 203 vs 672 at 32k;
         # equal when the table is as wide as the context)
+        if "context_splits" in tune:  # benchmarking: a fixed split count
+            context_splits = int(tune["context_splits"])
         split_visible = bool(tune.get("split_visible", context_splits is None))
         if context_splits is None:
             splits = 1
