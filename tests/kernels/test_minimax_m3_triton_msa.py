@@ -655,41 +655,6 @@ def test_block_sparse_attention_block_major(case, shape):
                               f"start {start} tune {tune}] {m}")
 
 
-@pytest.mark.parametrize("case", list(TILE_CASES))
-@pytest.mark.parametrize("shape", [0, 1])
-def test_block_sparse_attention_prefix_blocks(case, shape):
-    """``prefix_blocks`` with ``block_major``: the tokens that see fewer than
-    that many blocks run ``sparse_attn_prefix`` (tiles of consecutive tokens
-    walking every block they see, masked by each token's selection), the
-    rest block-major: equals the oracle for every KV scale mode, with
-    prefixes that hold none, some and all of a request's tokens, tiles that
-    span two requests and decode tokens before ``tile_start``."""
-    seed = _seed()
-    dtype = DTYPES[-1]
-    Hq, Hkv, D, _, B, page, topk = SHAPES[shape]
-    reqs = TILE_CASES[case](B)
-    batch = Batch(reqs, page)
-    n_decode = next((i for i, (_, n) in enumerate(reqs) if n != 1), len(reqs))
-    sel = (shared_selection if shape == 0 else random_selection)(batch, Hkv, topk, B)
-    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
-    blocks = int(batch.token_pos.max()) // B + 1
-    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
-            batch, q, sel, Hkv, D, B, dtype):
-        for prefix, start, tune in ((1, n_decode, None),
-                                    (max(2, blocks // 2), 0, dict(prefix_tile=2)),
-                                    (blocks, n_decode, dict(prefix_tile=8, prefix_block_n=16)),
-                                    (64, n_decode, dict(merge_skip_empty=False))):
-            out = torch.full_like(q, float("nan"))
-            block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos,
-                                   sel, B, D ** -0.5, mode, ks, vs, kvs,
-                                   fold_scalar_scales=fold, out=out, block_major=2,
-                                   tile_start=start, prefix_blocks=prefix, _tune=tune)
-            torch.testing.assert_close(
-                out.double(), ref, atol=atol, rtol=rtol,
-                msg=lambda m: f"[seed {seed} mode {mode} fold {fold} prefix_blocks {prefix} "
-                              f"start {start} tune {tune}] {m}")
-
-
 @pytest.mark.parametrize("aggregate,group_block,split", [(True, 1024, True), (True, 64, False),
                                                          (False, 1024, False), (False, 64, True)])
 def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):
@@ -752,12 +717,6 @@ def test_block_major_bad_input():
         block_sparse_attention(*args, block_major=3)
     with pytest.raises(ValueError, match="pick one"):
         block_sparse_attention(*args, block_major=4, token_tile=4)
-    with pytest.raises(ValueError, match="prefix_blocks runs with the block_major layout"):
-        block_sparse_attention(*args, prefix_blocks=2)
-    with pytest.raises(ValueError, match=r"prefix_blocks must be in \[0, 64\]"):
-        block_sparse_attention(*args, block_major=4, prefix_blocks=65)
-    with pytest.raises(ValueError, match="prefix_tile must be a power of two"):
-        block_sparse_attention(*args, block_major=4, prefix_blocks=2, _tune=dict(prefix_tile=3))
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))

@@ -18,7 +18,6 @@ from .block_major_group import block_major_rank_kernel, block_major_scatter_kern
 from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
-from .sparse_attn_prefix import PREFIX_MAX_BLOCKS, sparse_attn_prefix_kernel
 from .sparse_attn_tiled import sparse_attn_tiled_kernel
 
 _FP8_DTYPES = tuple(
@@ -198,8 +197,6 @@ def default_prefetch_rows(kernel_mode: int, key_split: int, select_topk: bool) -
 # 256 tokens 91 vs 53 us per token, 1024 165 vs 166, 2048 244 vs 307,
 # 8192 807 vs 1106 (fp8 855 vs 1339)
 BLOCK_MAJOR_MIN_TOKENS = 1024
-# tokens per program of ``prefix_blocks``' kernel (sparse_attn_prefix)
-PREFIX_TILE = 4
 # (token, slot) pairs per step of a block-major program: 64 rows (run 9: 4
 # beats 8 at every context, 0.70 vs 0.87 ms at 8k)
 BLOCK_MAJOR_STEP = 4
@@ -220,17 +217,13 @@ def default_prefill_layout(num_prefill_tokens: int, max_context: int, sparse_blo
 def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
                       max_blocks: int, pairs_per_tile: int, aggregate: bool = True,
                       group_block: int = GROUP_BLOCK, token_pos: torch.Tensor | None = None,
-                      sparse_block: int = 0, group_warps: int = 4, prefix_blocks: int = 0,
-                      split_masked: bool | None = None):
+                      sparse_block: int = 0, group_warps: int = 4):
     """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
     (request, KV head, block) on the device, without host syncs
     (``block_major_group``: a counting sort in two launches).  With
     ``token_pos`` (and ``sparse_block``) each group is split in two: group
     ``2 * key + masked`` holds the pairs whose token does not see the whole
-    block (``masked``), so the rest need no causal mask (``split_masked``,
-    default: with ``token_pos``).  ``prefix_blocks`` (needs ``token_pos``):
-    the pairs of tokens that see fewer than this many blocks are left out
-    (``sparse_attn_prefix`` computes those tokens).
+    block (``masked``), so the rest need no causal mask.
 
     Returns int32 tensors (pair_tok, pair_slot) [P] sorted by group,
     (group_start, counts, tile_end) [NG] per group (``tile_end``: inclusive
@@ -244,10 +237,9 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     T, HKV, TOPK = topk_blocks.shape
     dev = topk_blocks.device
     P = T * HKV * TOPK
-    split = token_pos is not None if split_masked is None else bool(split_masked)
-    if (split or prefix_blocks) and (token_pos is None or sparse_block <= 0):
-        raise ValueError("block_major_tiles: split_masked and prefix_blocks need token_pos "
-                         "and the sparse_block size")
+    split = token_pos is not None
+    if split and sparse_block <= 0:
+        raise ValueError("block_major_tiles: token_pos needs the sparse_block size")
     NG = num_reqs * HKV * max_blocks * (2 if split else 1)
     if NG + P >= 2 ** 31:
         raise ValueError(f"block_major: {num_reqs} requests x {HKV} KV heads x {max_blocks} "
@@ -257,11 +249,10 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     pair_rank = torch.empty(P, dtype=torch.int32, device=dev)
     grid = (cdiv(P, group_block),)
     block_major_rank_kernel[grid](
-        topk_blocks, token_req, token_req if token_pos is None else token_pos, pair_key,
-        pair_rank, counts, P, topk_blocks.stride(0), topk_blocks.stride(1), int(prefix_blocks),
+        topk_blocks, token_req, token_pos if split else token_req, pair_key, pair_rank,
+        counts, P, topk_blocks.stride(0), topk_blocks.stride(1),
         HKV=HKV, TOPK=TOPK, MAX_BLOCKS=max_blocks, NG=NG, BLOCK=group_block,
-        AGGREGATE=aggregate, SPLIT_MASKED=split, SKIP_PREFIX=prefix_blocks > 0,
-        SPARSE_BLOCK=max(1, sparse_block),
+        AGGREGATE=aggregate, SPLIT_MASKED=split, SPARSE_BLOCK=max(1, sparse_block),
         num_warps=group_warps)
     group_start = torch.cumsum(counts, 0, dtype=torch.int32) - counts
     tile_end = torch.cumsum(torch.div(counts + pairs_per_tile - 1, pairs_per_tile,
@@ -297,7 +288,6 @@ def block_sparse_attention(
     token_tile: int = 0,
     tile_start: int = 0,
     block_major: int = 0,
-    prefix_blocks: int = 0,
     select_topk: int = 0,
     _tune: dict | None = None,
 ) -> torch.Tensor:
@@ -331,12 +321,6 @@ def block_sparse_attention(
         reading the block's K/V once for them, and computes this many pairs
         (a power of two) per step; per-block results are merged per token.
         Off unless asked for.
-      prefix_blocks: with ``block_major``, the tokens that see fewer than this
-        many blocks (``position // sparse_block < prefix_blocks``, at most
-        ``PREFIX_MAX_BLOCKS``) run ``sparse_attn_prefix`` instead: tiles of
-        consecutive tokens walk every block they see, masked per row by the
-        token's selection, and write their output directly (no partials, no
-        merge).  0: none.
       select_topk: > 0: ``topk_blocks`` is instead the index's block scores
         [T, Hkv, n] float32 with n <= ``SELECT_MAX_BLOCKS``
         (``index_block_topk(..., return_scores=True)``), and every program
@@ -440,12 +424,6 @@ def block_sparse_attention(
                          f"got {block_major}")
     if token_tile > 1 and block_major > 1:
         raise ValueError("token_tile and block_major are two prefill layouts; pick one")
-    prefix_blocks = int(prefix_blocks)
-    if prefix_blocks and not block_major > 1:
-        raise ValueError("prefix_blocks runs with the block_major layout only")
-    if not 0 <= prefix_blocks <= PREFIX_MAX_BLOCKS:
-        raise ValueError(f"prefix_blocks must be in [0, {PREFIX_MAX_BLOCKS}] (a token's "
-                         f"selection is kept as a 64-bit mask), got {prefix_blocks}")
     if (token_tile > 1 or block_major > 1) and 0 < tile_start:
         # the batch's decode tokens one per program, the tiles after them
         n = min(int(tile_start), T)
@@ -459,19 +437,13 @@ def block_sparse_attention(
                 q[n:], kv_cache, block_table, token_req[n:], token_pos[n:], topk_blocks[n:],
                 sparse_block, scale, kv_scale_mode, k_scale, v_scale, kv_scales,
                 fold_scalar_scales=fold_scalar_scales, out=out[n:], token_tile=token_tile,
-                block_major=block_major, prefix_blocks=prefix_blocks, _tune=_tune)
+                block_major=block_major, _tune=_tune)
         return out
     if block_major > 1:
         _block_major_attention(
             q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
             float(scale), out, int(block_major), kernel_mode, ks, vs, kvs, sstr, G, G_PAD,
-            D_PAD, BLOCK_N, ieee, fp16_mma, tune, prefix_blocks)
-        if prefix_blocks:
-            # after the merge, which wrote zeros for the prefix tokens' rows
-            _prefix_attention(q, kv_cache, block_table, token_req, token_pos, topk_blocks,
-                              sparse_block, float(scale), out, prefix_blocks, kernel_mode,
-                              ks, vs, kvs, sstr, G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma,
-                              tune)
+            D_PAD, BLOCK_N, ieee, fp16_mma, tune)
         return out
     if token_tile > 1:
         # 128 accumulator rows or more: 8 warps keep the fp32 tile in registers
@@ -546,40 +518,9 @@ def block_sparse_attention(
     return out
 
 
-def _prefix_attention(q, kv_cache, block_table, token_req, token_pos, topk_blocks,
-                      sparse_block, scale, out, prefix_blocks, kernel_mode, ks, vs, kvs, sstr,
-                      G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune):
-    """``prefix_blocks``: ``sparse_attn_prefix`` for the tokens that see fewer
-    than ``prefix_blocks`` blocks (the kernel skips the others' rows)."""
-    T, HQ, D = q.shape
-    HKV = kv_cache.shape[3]
-    topk = topk_blocks.shape[2]
-    tm = int(tune.get("prefix_tile", PREFIX_TILE))
-    if tm < 1 or tm & (tm - 1):
-        raise ValueError(f"prefix_tile must be a power of two (tokens per program), got {tm}")
-    sparse_attn_prefix_kernel[(cdiv(T, tm), HKV)](
-        q, kv_cache, block_table, token_req, token_pos, topk_blocks, out,
-        ks, vs, kvs, scale, T, prefix_blocks,
-        q.stride(0), q.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        sstr[0], sstr[1], sstr[2], sstr[3],
-        block_table.stride(0),
-        topk_blocks.stride(0), topk_blocks.stride(1),
-        out.stride(0), out.stride(1),
-        G=G, G_PAD=G_PAD, TM=tm, D=D, D_PAD=D_PAD,
-        TOPK=topk, TOPK_PAD=max(2, next_pow2(topk)),
-        SPARSE_BLOCK=sparse_block,
-        # 64-key tiles, 4 warps, 3 stages: the dense rate's config (run 39's probe)
-        BLOCK_N=largest_pow2_divisor(sparse_block, int(tune.get("prefix_block_n", 64))),
-        PAGE_SIZE=kv_cache.shape[2], SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
-        num_warps=tune.get("prefix_warps", 4 if tm * G_PAD <= 64 else 8),
-        num_stages=tune.get("prefix_stages", 3),
-    )
-
-
 def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_blocks,
                            sparse_block, scale, out, pairs, kernel_mode, ks, vs, kvs, sstr,
-                           G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune, prefix_blocks=0):
+                           G, G_PAD, D_PAD, BLOCK_N, ieee, fp16_mma, tune):
     """``block_major`` for tokens that all take the block-major path: grouping,
     block-major kernel and merge, in launches of at most
     ``BLOCK_MAJOR_PARTIAL_BYTES`` of partial outputs (the temporaries are not
@@ -636,9 +577,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             aggregate=bool(tune.get("aggregate_ranks", True)),
             group_block=int(tune.get("group_block", GROUP_BLOCK)),
             group_warps=int(tune.get("group_warps", 4)),
-            token_pos=pos_s if split_masked or prefix_blocks else None,
-            sparse_block=sparse_block, prefix_blocks=prefix_blocks,
-            split_masked=split_masked)
+            token_pos=pos_s if split_masked else None, sparse_block=sparse_block)
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)

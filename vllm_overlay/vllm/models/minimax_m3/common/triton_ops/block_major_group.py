@@ -8,9 +8,6 @@ slots, block -1, belong to none).  SPLIT_MASKED: each group in two,
 ``2 * key + masked``, where ``masked`` says the token does not see the whole
 block (its position is before the block's last key): the pairs of the
 unmasked halves, nearly all of a long chunk's, then need no causal mask.
-SKIP_PREFIX: the pairs of tokens that see fewer than ``prefix_blocks``
-blocks (``position // SPARSE_BLOCK < prefix_blocks``) belong to no group
-(``sparse_attn_prefix`` computes those tokens).
 
   block_major_rank_kernel     counts the pairs of each group (``counts[key]``
                               by atomic add) and keeps each pair's rank in its
@@ -54,10 +51,9 @@ def _min_combine(a, b):
 @triton.jit
 def block_major_rank_kernel(
     topk_ptr, req_ptr, pos_ptr, pair_key_ptr, pair_rank_ptr, counts_ptr,
-    P, stride_tt, stride_th, prefix_blocks,
+    P, stride_tt, stride_th,
     HKV: tl.constexpr, TOPK: tl.constexpr, MAX_BLOCKS, NG, BLOCK: tl.constexpr,
-    AGGREGATE: tl.constexpr, SPLIT_MASKED: tl.constexpr = False,
-    SKIP_PREFIX: tl.constexpr = False, SPARSE_BLOCK: tl.constexpr = 1,
+    AGGREGATE: tl.constexpr, SPLIT_MASKED: tl.constexpr = False, SPARSE_BLOCK: tl.constexpr = 1,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < P
@@ -68,12 +64,9 @@ def block_major_rank_kernel(
                   mask=live, other=-1)
     req = tl.load(req_ptr + t, mask=live, other=0)
     valid = blk >= 0
-    if SPLIT_MASKED or SKIP_PREFIX:
-        pos = tl.load(pos_ptr + t, mask=live, other=0)
-    if SKIP_PREFIX:
-        valid = valid & (pos // SPARSE_BLOCK >= prefix_blocks)
     key = (req * HKV + h) * MAX_BLOCKS + blk
     if SPLIT_MASKED:
+        pos = tl.load(pos_ptr + t, mask=live, other=0)
         key = 2 * key + (pos < blk * SPARSE_BLOCK + SPARSE_BLOCK - 1).to(tl.int32)
     key = tl.where(valid, key, NG)
     tl.store(pair_key_ptr + offs, key, mask=live)
