@@ -20,6 +20,14 @@ from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
 from .sparse_attn_tiled import sparse_attn_tiled_kernel
 
+try:  # Gluon (Triton's explicit-layout dialect) for the sm_90 block-major kernel
+    from .sparse_attn_block_major_sm90 import (NUM_WARPS as SM90_NUM_WARPS,
+                                               partial_store_descriptor,
+                                               sm90_block_major_supported,
+                                               sparse_attn_block_major_sm90_kernel)
+except Exception:  # pragma: no cover - a Triton without Gluon (or its Hopper ops)
+    sparse_attn_block_major_sm90_kernel = None
+
 _FP8_DTYPES = tuple(
     getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
 
@@ -568,6 +576,15 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # the pairs that see their whole block grouped apart from the rest, so their
     # steps run without the causal mask (the held block only)
     split_masked = hold_kv and sparse_block == BLOCK_N and bool(tune.get("split_masked", True))
+    # Hopper: the Gluon kernel (cp.async query ring, warpgroup MMAs) where it
+    # covers the launch, the ``tl`` kernel otherwise
+    sm90 = (sparse_attn_block_major_sm90_kernel is not None and bool(tune.get("sm90", True))
+            and split_masked and (kernel_mode != 1 or v_in_merge)
+            and (kernel_mode != 2 or scale_held) and D == D_PAD
+            and sm90_block_major_supported(q, kernel_mode, D, sparse_block, G_PAD, pairs))
+    sm90_store = int(tune.get("sm90_store", 1))
+    if sm90_store == 2 and G != G_PAD:
+        sm90_store = 1  # a pair's TMA box would cover the next KV head's rows
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -581,35 +598,51 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)
-        sparse_attn_block_major_kernel[(num_tiles,)](
-            q_s, kv_cache, block_table, req_s, pos_s,
-            pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
-            part_o, part_lse, ks, vs, kvs, scale,
-            q.stride(0), q.stride(1),
-            kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-            sstr[0], sstr[1], sstr[2], sstr[3],
-            block_table.stride(0),
-            HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD,
-            TOPK=topk, SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
-            SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma and not mma_in_q_dtype,
-            HOLD_KV=hold_kv,
-            # each step's rows loaded during the step before: H200 run 10, 8192-token
-            # chunk, bf16 KV: 607 vs 687 us at 8k, 690 vs 782 at 32k, 692 vs 793 at
-            # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
-            # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
-            PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or mma_in_q_dtype)),
-            PREFETCH_QUERY=bool(tune.get("prefetch_query",
-                                         not mma_in_q_dtype or v_in_merge or scale_held)),
-            V_SCALE_IN_MERGE=v_in_merge, SCALE_HELD_KV=scale_held,
-            ONE_TILE_SOFTMAX=bool(tune.get("one_tile_softmax", True)),
-            MASK_PARTIAL_ONLY=bool(tune.get("mask_partial_only", True)),
-            SPLIT_MASKED=split_masked,
-            num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
-            # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
-            # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
-            # ci/results/2026-11-30-block-major-sweep5-h200-run10.json
-            num_stages=tune.get("num_stages", 1),
-        )
+        if sm90:
+            sparse_attn_block_major_sm90_kernel[(num_tiles,)](
+                q_s, kv_cache, block_table, req_s, pos_s,
+                pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
+                part_o, partial_store_descriptor(part_o, G_PAD) if sm90_store == 2 else part_o,
+                part_lse, ks, kvs, scale,
+                q.stride(0), q.stride(1),
+                kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+                sstr[0], sstr[1], sstr[2], sstr[3],
+                block_table.stride(0),
+                HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
+                SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
+                SPLIT_MASKED=split_masked, NUM_BUF=int(tune.get("sm90_buffers", 3)),
+                OVERLAP=bool(tune.get("sm90_overlap", False)), STORE=sm90_store,
+                num_warps=SM90_NUM_WARPS.value)
+        else:
+            sparse_attn_block_major_kernel[(num_tiles,)](
+                q_s, kv_cache, block_table, req_s, pos_s,
+                pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
+                part_o, part_lse, ks, vs, kvs, scale,
+                q.stride(0), q.stride(1),
+                kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+                sstr[0], sstr[1], sstr[2], sstr[3],
+                block_table.stride(0),
+                HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, D_PAD=D_PAD,
+                TOPK=topk, SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
+                SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma and not mma_in_q_dtype,
+                HOLD_KV=hold_kv,
+                # each step's rows loaded during the step before: H200 run 10, 8192-token
+                # chunk, bf16 KV: 607 vs 687 us at 8k, 690 vs 782 at 32k, 692 vs 793 at
+                # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
+                # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
+                PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or mma_in_q_dtype)),
+                PREFETCH_QUERY=bool(tune.get("prefetch_query",
+                                             not mma_in_q_dtype or v_in_merge or scale_held)),
+                V_SCALE_IN_MERGE=v_in_merge, SCALE_HELD_KV=scale_held,
+                ONE_TILE_SOFTMAX=bool(tune.get("one_tile_softmax", True)),
+                MASK_PARTIAL_ONLY=bool(tune.get("mask_partial_only", True)),
+                SPLIT_MASKED=split_masked,
+                num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
+                # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
+                # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
+                # ci/results/2026-11-30-block-major-sweep5-h200-run10.json
+                num_stages=tune.get("num_stages", 1),
+            )
         # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
         # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4.  Empty slots'
         # partials not read (``merge_skip_empty``): run 42, 8192-token chunk at 8k (its

@@ -1,0 +1,381 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Block-major block-sparse attention for Hopper (sm_90), in Gluon.
+
+The same work and the same results as ``sparse_attn_block_major`` (its
+docstring has the grouping, the layouts and the partials' meaning): one
+program takes up to ``CHUNK`` (token, slot) pairs that selected one block,
+holds the block's K/V in shared memory and walks its pairs ``TM`` at a time,
+``R = TM * G_PAD`` query rows per step (pair-major).  What Gluon lets this
+version do that the ``tl`` kernel cannot express:
+
+- each step's query rows are gathered by ``cp.async`` straight into a ring of
+  ``NUM_BUF`` shared-memory tiles, ``NUM_BUF - 1`` steps ahead (no registers
+  hold prefetched rows, and no store to shared memory opens the step);
+- both products are warpgroup MMAs from shared memory (scores: the query tile
+  against the held K; output: the probabilities from registers against the
+  held V), with the probabilities kept in the scores' registers;
+- the pairs' token ids are read two steps ahead and their slots and positions
+  one step ahead, so no step waits on a dependent load;
+- the partials are stored from the MMA's register layout, with no layout
+  conversion through shared memory.
+
+Only the shapes of the production path: ``D == SPARSE_BLOCK`` in (64, 128)
+(the block is one key tile), 16-bit queries (the MMA runs in their dtype: an
+fp8 cache is widened once per program, per-token-head scales multiplied into
+the held block), ``TM * G_PAD == 64`` rows per step, four warps (one
+warpgroup).  ``sm90_block_major_supported`` says when it applies; the
+wrapper runs the ``tl`` kernel otherwise.
+
+Scale modes (``SCALE_MODE``): 0 none; 1 scalar, k_scale folded into the
+score scale and v_scale left to the merge (``V_SCALE_IN_MERGE``); 2 per token
+and KV head, multiplied into the held K/V and rounded to the queries' dtype
+(``SCALE_HELD_KV``).
+"""
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+NUM_WARPS = gl.constexpr(4)  # one warpgroup: every MMA is one warpgroup's 64 rows
+
+
+@gluon.constexpr_function
+def row_tile_layout(cols, num_warps):
+    """Rows x ``cols`` 16-bit elements, 8 (16 bytes) per thread along a row:
+    one ``cp.async`` / vector load per thread and row."""
+    per_row = min(cols // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // per_row, per_row], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def sparse_attn_block_major_sm90_kernel(
+    q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr,
+    pair_tok_ptr, pair_slot_ptr,
+    group_start_ptr, counts_ptr, tile_end_ptr, NG, MAX_BLOCKS,
+    part_o_ptr, part_o_desc, part_lse_ptr,
+    k_scale_ptr, kvs_ptr,
+    sm_scale,
+    stride_qt, stride_qh,
+    stride_cp, stride_ckv, stride_cs, stride_ch,
+    stride_sp, stride_skv, stride_ss, stride_sh,
+    stride_bt,
+    HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr,
+    TM: gl.constexpr, CHUNK: gl.constexpr, D: gl.constexpr, TOPK: gl.constexpr,
+    SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALE_MODE: gl.constexpr,
+    SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr = False,
+    STORE: gl.constexpr = 1,
+):
+    R: gl.constexpr = TM * G_PAD
+    gl.static_assert(R == 64, "one warpgroup MMA of 64 rows per step")
+    gl.static_assert(D == SPARSE_BLOCK, "the block is one key tile of D keys")
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, SPARSE_BLOCK, 16])
+    tile: gl.constexpr = row_tile_layout(D, NUM_WARPS)
+    q_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, D], dtype)
+    kv_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([SPARSE_BLOCK, D], dtype)
+    q_smem = gl.allocate_shared_memory(dtype, [NUM_BUF, R, D], q_sl)
+    k_smem = gl.allocate_shared_memory(dtype, [SPARSE_BLOCK, D], kv_sl)
+    v_smem = gl.allocate_shared_memory(dtype, [SPARSE_BLOCK, D], kv_sl)
+
+    prog = gl.program_id(0)
+    # this program's group: the first whose tile_end exceeds ``prog``
+    lo = 0
+    hi = NG
+    while lo < hi:
+        mid = (lo + hi) // 2
+        up = gl.load(tile_end_ptr + mid) > prog
+        hi = gl.where(up, mid, hi)
+        lo = gl.where(up, lo, mid + 1)
+    grp = lo
+    if grp < NG:
+        r = prog - gl.load(tile_end_ptr + grp - 1, mask=grp > 0, other=0)
+        first = gl.load(group_start_ptr + grp) + r * CHUNK
+        n = gl.minimum(gl.load(counts_ptr + grp) - r * CHUNK, CHUNK)
+        key = grp // 2 if SPLIT_MASKED else grp
+        b = key % MAX_BLOCKS
+        g = (key // MAX_BLOCKS) % HKV
+        req = gl.load(req_ptr + gl.load(pair_tok_ptr + first))  # one request per group
+        bt_row = bt_ptr + req.to(gl.int64) * stride_bt
+        qk_scale = sm_scale * 1.4426950408889634
+        if SCALE_MODE == 1:
+            qk_scale = qk_scale * gl.load(k_scale_ptr)
+
+        # the pairs' last position: keys after it are never loaded; and whether
+        # every pair sees the whole block (then no step needs the causal mask)
+        chunk_l: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        offs_c = gl.arange(0, CHUNK, layout=chunk_l)
+        cvalid = offs_c < n
+        ctok = gl.load(pair_tok_ptr + first + offs_c, mask=cvalid, other=0)
+        cpos = gl.load(pos_ptr + ctok, mask=cvalid, other=-1)
+        pmax = gl.max(cpos, axis=0)
+        see_all = gl.min(gl.where(cvalid, cpos, pmax), axis=0) >= b * SPARSE_BLOCK + SPARSE_BLOCK - 1
+
+        hold_block(kv_ptr, kvs_ptr, bt_row, k_smem, v_smem, b, g, pmax,
+                   stride_cp, stride_ckv, stride_cs, stride_ch,
+                   stride_sp, stride_skv, stride_ss, stride_sh,
+                   D, SPARSE_BLOCK, PAGE_SIZE, SCALE_MODE, tile)
+        if see_all:
+            walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
+                            part_o_desc, part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
+                            stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
+                            NUM_BUF, mma, tile, False, OVERLAP, STORE)
+        else:
+            walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
+                            part_o_desc, part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
+                            stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
+                            NUM_BUF, mma, tile, True, OVERLAP, STORE)
+
+
+@gluon.jit
+def hold_block(kv_ptr, kvs_ptr, bt_row, k_smem, v_smem, b, g, pmax,
+               stride_cp, stride_ckv, stride_cs, stride_ch,
+               stride_sp, stride_skv, stride_ss, stride_sh,
+               D: gl.constexpr, SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr,
+               SCALE_MODE: gl.constexpr, tile: gl.constexpr):
+    """Block ``b`` of KV head ``g`` (keys after ``pmax`` as zeros) into
+    ``k_smem`` / ``v_smem`` [SPARSE_BLOCK, D] in the queries' dtype: an fp8
+    cache widened (exactly), with SCALE_MODE 2 times its per-key scales and
+    rounded once."""
+    dtype: gl.constexpr = k_smem.dtype
+    offs_n = gl.arange(0, SPARSE_BLOCK, layout=gl.SliceLayout(1, tile))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, tile))
+    kp = b * SPARSE_BLOCK + offs_n
+    kload = kp <= pmax
+    page_slot = kp // PAGE_SIZE
+    page = gl.load(bt_row + page_slot, mask=kload, other=0).to(gl.int64)
+    in_page = (kp - page_slot * PAGE_SIZE).to(gl.int64)
+    row = page * stride_cp + in_page * stride_cs + g * stride_ch
+    k = gl.load(kv_ptr + row[:, None] + offs_d[None, :], mask=kload[:, None], other=0.0)
+    v = gl.load(kv_ptr + stride_ckv + row[:, None] + offs_d[None, :], mask=kload[:, None],
+                other=0.0)
+    if SCALE_MODE == 2:
+        srow = page * stride_sp + in_page * stride_ss + g * stride_sh
+        ksc = gl.load(kvs_ptr + srow, mask=kload, other=0.0)
+        vsc = gl.load(kvs_ptr + stride_skv + srow, mask=kload, other=0.0)
+        k = (k.to(gl.float32) * ksc[:, None]).to(dtype)
+        v = (v.to(gl.float32) * vsc[:, None]).to(dtype)
+    else:
+        k = k.to(gl.float32).to(dtype)
+        v = v.to(gl.float32).to(dtype)
+    k_smem.store(k)
+    v_smem.store(v)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def copy_query_rows(q_ptr, dst, tok, rows_ok, qcol, offs_d, stride_qt):
+    """``cp.async`` of one step's query rows (tokens ``tok`` [R], column offsets
+    ``qcol`` [R] of their heads) into ``dst`` [R, D]; rows not ``rows_ok`` are
+    zero-filled.  One commit group per step."""
+    ptrs = q_ptr + (tok.to(gl.int64) * stride_qt + qcol)[:, None] + offs_d[None, :]
+    async_copy.async_copy_global_to_shared(dst, ptrs, mask=rows_ok[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_o_desc,
+                    part_lse_ptr,
+                    q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
+                    stride_qt, stride_qh,
+                    HQ: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr, TM: gl.constexpr,
+                    D: gl.constexpr, TOPK: gl.constexpr, SPARSE_BLOCK: gl.constexpr,
+                    NUM_BUF: gl.constexpr, mma: gl.constexpr, tile: gl.constexpr,
+                    MASKED: gl.constexpr, OVERLAP: gl.constexpr, STORE: gl.constexpr):
+    """The steps of one program (see the module docstring); MASKED=False: every
+    pair sees every key of the block.  OVERLAP: step i + 1's score MMA is
+    issued before step i's output MMA is waited for, so step i's
+    normalization and stores run while the tensor cores compute it.
+    STORE: how the partials go out: 0 from the MMA's layout (4 bytes per
+    thread and row piece); 1 as 16-byte pieces of rows, through shared memory
+    (step i's query tile, free until the next step's refill); 2 by TMA from
+    that tile, one 16-row box per pair (``part_o_desc``, over part_o as
+    [T * HQ, TOPK * D]; G == G_PAD only)."""
+    R: gl.constexpr = TM * G_PAD
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+    cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+
+    # copy side: row -> (pair, head) in the cp.async layout
+    offs_rc = gl.arange(0, R, layout=gl.SliceLayout(1, tile))
+    offs_dc = gl.arange(0, D, layout=gl.SliceLayout(0, tile))
+    pair_c = offs_rc // G_PAD
+    head_c = offs_rc % G_PAD
+    qcol = (g * G + head_c) * stride_qh
+    # MMA side: the same rows in the accumulator's layout
+    offs_r = gl.arange(0, R, layout=rows_l)
+    pair_r = offs_r // G_PAD
+    head_r = offs_r % G_PAD
+    heads = g * G + head_r
+    keys = b * SPARSE_BLOCK + gl.arange(0, SPARSE_BLOCK, layout=cols_l)
+    offs_d = gl.arange(0, D, layout=cols_l)
+    nsteps = gl.cdiv(n, TM)
+    k_t = k_smem.permute((1, 0))
+
+    # the ring's first NUM_BUF - 1 steps in flight
+    for jj in gl.static_range(NUM_BUF - 1):
+        tok_c = gl.load(pair_tok_ptr + first + jj * TM + pair_c, mask=jj * TM + pair_c < n,
+                        other=0)
+        copy_query_rows(q_ptr, q_smem.index(jj), tok_c, (jj * TM + pair_c < n) & (head_c < G),
+                        qcol, offs_dc, stride_qt)
+    # the tokens of the step the first iteration sends for
+    tok_c = gl.load(pair_tok_ptr + first + (NUM_BUF - 1) * TM + pair_c,
+                    mask=(NUM_BUF - 1) * TM + pair_c < n, other=0)
+    # step 0's pairs, and step 1's tokens
+    tok = gl.load(pair_tok_ptr + first + pair_r, mask=pair_r < n, other=0)
+    slot = gl.load(pair_slot_ptr + first + pair_r, mask=pair_r < n, other=0)
+    pos = gl.load(pos_ptr + tok, mask=pair_r < n, other=-1)
+    tok_n = gl.load(pair_tok_ptr + first + TM + pair_r, mask=TM + pair_r < n, other=0)
+    o_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, D], gl.float16)
+    # STORE 2: each step's pair tokens and slots in every thread, one step ahead
+    pairs_l: gl.constexpr = gl.BlockedLayout([TM], [32], [gl.num_warps()], [0])
+    offs_p = gl.arange(0, TM, layout=pairs_l)
+    if STORE == 2:
+        ptok = gl.load(pair_tok_ptr + first + offs_p, mask=offs_p < n, other=0)
+        pslot = gl.load(pair_slot_ptr + first + offs_p, mask=offs_p < n, other=0)
+    if OVERLAP:  # step 0's scores before the loop, each step's next at its end
+        query_tile_ready(NUM_BUF, STORE)
+        s_tok = warpgroup_mma(q_smem.index(0), k_t, gl.zeros([R, SPARSE_BLOCK], gl.float32, mma),
+                              use_acc=False, is_async=True)
+
+    for i in range(nsteps):
+        s0 = i * TM
+        if not OVERLAP:
+            query_tile_ready(NUM_BUF, STORE)
+            s_tok = warpgroup_mma(q_smem.index(i % NUM_BUF), k_t,
+                                  gl.zeros([R, SPARSE_BLOCK], gl.float32, mma), use_acc=False,
+                                  is_async=True)
+        # refill the ring slot step i - 1 read (every warp is past its MMA: the
+        # barrier before step i's)
+        j = i + NUM_BUF - 1
+        if OVERLAP and STORE == 2:  # the TMA stores of step i - 1 have read the tile
+            tma.store_wait(0)
+            gl.thread_barrier()
+        copy_query_rows(q_ptr, q_smem.index(j % NUM_BUF), tok_c,
+                        (j * TM + pair_c < n) & (head_c < G), qcol, offs_dc, stride_qt)
+        tok_c = gl.load(pair_tok_ptr + first + (j + 1) * TM + pair_c,
+                        mask=(j + 1) * TM + pair_c < n, other=0)
+        # step i + 1's slots and positions, step i + 2's tokens
+        nvalid = s0 + TM + pair_r < n
+        slot_n = gl.load(pair_slot_ptr + first + s0 + TM + pair_r, mask=nvalid, other=0)
+        pos_n = gl.load(pos_ptr + tok_n, mask=nvalid, other=-1)
+        tok_nn = gl.load(pair_tok_ptr + first + s0 + 2 * TM + pair_r,
+                         mask=s0 + 2 * TM + pair_r < n, other=0)
+        if STORE == 2:
+            ptok_n = gl.load(pair_tok_ptr + first + s0 + TM + offs_p, mask=s0 + TM + offs_p < n,
+                             other=0)
+            pslot_n = gl.load(pair_slot_ptr + first + s0 + TM + offs_p,
+                              mask=s0 + TM + offs_p < n, other=0)
+
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+        if MASKED:
+            s = gl.where(keys[None, :] <= pos[:, None], s, float("-inf"))
+        m = gl.max(s, axis=1) * qk_scale
+        if MASKED:
+            m = gl.where(m == float("-inf"), 0.0, m)
+        p = gl.exp2(s * qk_scale - m[:, None])
+        l = gl.sum(p, axis=1)
+        p_op = gl.convert_layout(p.to(k_smem.dtype), p_l)
+        o_tok = warpgroup_mma(p_op, v_smem, gl.zeros([R, D], gl.float32, mma), use_acc=False,
+                              is_async=True)
+        if OVERLAP:
+            # (after the last step: scores of a zero-filled tile, never read; a
+            # branch here would make ptxas wait for the MMA at the join)
+            query_tile_ready(NUM_BUF, STORE)
+            s_tok = warpgroup_mma(q_smem.index((i + 1) % NUM_BUF), k_t,
+                                  gl.zeros([R, SPARSE_BLOCK], gl.float32, mma),
+                                  use_acc=False, is_async=True)
+            o = warpgroup_mma_wait(num_outstanding=1, deps=(o_tok, ))
+        else:
+            o = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+
+        has = l > 0.0
+        o = o * (1.0 / gl.where(has, l, 1.0))[:, None]
+        lse = gl.where(has, m + gl.log2(gl.where(has, l, 1.0)), float("-inf"))
+        rvalid = (s0 + pair_r < n) & (head_r < G)
+        # part_o [T, HQ, TOPK, D], part_lse [T, HQ, TOPK]
+        ph = (tok.to(gl.int64) * HQ + heads) * TOPK + slot
+        gl.store(part_lse_ptr + ph, lse, mask=rvalid)
+        o = o.to(part_o_ptr.dtype.element_ty)
+        if STORE == 0:
+            gl.store(part_o_ptr + ph[:, None] * D + offs_d[None, :], o, mask=rvalid[:, None])
+        else:
+            o_smem = q_smem.index(i % NUM_BUF)._reinterpret(o.dtype, [R, D], o_sl)
+            o_smem.store(o)
+            if STORE == 1:
+                gl.thread_barrier()
+                o = o_smem.load(tile)
+                ph_t = gl.convert_layout(ph, gl.SliceLayout(1, tile))
+                ok_t = gl.convert_layout(rvalid, gl.SliceLayout(1, tile))
+                gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
+                         mask=ok_t[:, None])
+            else:
+                fence_async_shared()
+                gl.thread_barrier()
+                for p in gl.static_range(TM):
+                    if s0 + p < n:
+                        tma.async_copy_shared_to_global(
+                            part_o_desc, [pick(ptok, offs_p, p) * HQ + g * G,
+                                          pick(pslot, offs_p, p) * D],
+                            o_smem.slice(p * G_PAD, G_PAD))
+            if STORE == 2:
+                ptok = ptok_n
+                pslot = pslot_n
+        tok = tok_n
+        slot = slot_n
+        pos = pos_n
+        tok_n = tok_nn
+    if OVERLAP:
+        warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
+    if STORE == 2:
+        tma.store_wait(0)
+    async_copy.wait_group(0)
+
+
+@gluon.jit
+def pick(v, offs, p: gl.constexpr):
+    """Element ``p`` of ``v`` (held whole by every thread) as a scalar."""
+    return gl.sum(gl.where(offs == p, v, 0), axis=0)
+
+
+@gluon.jit
+def query_tile_ready(NUM_BUF: gl.constexpr, STORE: gl.constexpr):
+    """Wait for the oldest step's query rows in the ring: every thread's
+    copies landed, made visible to the MMA (async proxy), all threads past
+    the wait (with STORE 2 also past the TMA stores' reads of the tile the
+    next refill overwrites)."""
+    if STORE == 2:
+        tma.store_wait(0)
+    async_copy.wait_group(NUM_BUF - 2)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+def sm90_block_major_supported(q: torch.Tensor, kernel_mode: int, D: int, sparse_block: int,
+                               G_PAD: int, pairs: int) -> bool:
+    """Whether ``sparse_attn_block_major_sm90_kernel`` computes this launch: an
+    sm_90 CUDA device, 16-bit queries, scale mode 0, 1 (folded) or 2, the block
+    one key tile of ``D`` in (64, 128), and 64 query rows per step."""
+    if not (q.is_cuda and torch.version.cuda and torch.cuda.get_device_capability(q.device)
+            == (9, 0)):
+        return False
+    return (q.dtype in (torch.bfloat16, torch.float16) and kernel_mode in (0, 1, 2)
+            and D == sparse_block and D in (64, 128) and pairs * G_PAD == 64)
+
+
+def partial_store_descriptor(part_o: torch.Tensor, G_PAD: int):
+    """The TMA descriptor of STORE 2: ``part_o`` [T, HQ, TOPK, D] (contiguous)
+    as [T * HQ, TOPK * D], one pair's ``G_PAD`` head rows of one slot per box."""
+    T, HQ, TOPK, D = part_o.shape
+    rows = part_o.view(T * HQ, TOPK * D)
+    return TensorDescriptor(rows, [T * HQ, TOPK * D], [TOPK * D, 1], [G_PAD, D],
+                            gl.NVMMASharedLayout.get_default_for([G_PAD, D], gl.float16))
+
+
+__all__ = ["NUM_WARPS", "partial_store_descriptor", "sm90_block_major_supported",
+           "sparse_attn_block_major_sm90_kernel"]
