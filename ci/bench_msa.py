@@ -1469,11 +1469,15 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
     the fp8 ones with the default launch only), each on the bf16 batch's
     selections, so that all modes do the same work; ``PROFILE_CONTEXTS``
     (default "8192,32768"); ``PROFILE_TUNES``: more bf16 variants,
-    "name:json _tune" joined by ";"."""
+    "name:json _tune" joined by ";"; ``PROFILE_FP8_TUNES``: the same for the
+    fp8 modes."""
     out = []
     extra = [(name, json.loads(tune)) for name, tune in
              (spec.split(":", 1) for spec in
               filter(None, os.environ.get("PROFILE_TUNES", "").split(";")))]
+    extra_fp8 = [(name, json.loads(tune)) for name, tune in
+                 (spec.split(":", 1) for spec in
+                  filter(None, os.environ.get("PROFILE_FP8_TUNES", "").split(";")))]
     modes = [int(m) for m in os.environ.get("PROFILE_KV_MODES", "0").split(",")]
     ctxs = [int(c) for c in os.environ.get("PROFILE_CONTEXTS", "8192,32768").split(",")]
     for ctx in ctxs:
@@ -1486,7 +1490,7 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
             kb = bt if kv_mode == 0 else bt.with_kv_mode(kv_mode)
             variants = ((("default", None), ("pb64", dict(partial_bytes=64 << 20)),
                          ("per_pair_ranks", dict(aggregate_ranks=False)), *extra)
-                        if kv_mode == 0 else (("default", None),))
+                        if kv_mode == 0 else (("default", None), *extra_fp8))
             first = None
             for name, tune in variants:
                 def attn(tune=tune, kb=kb, kv_mode=kv_mode):

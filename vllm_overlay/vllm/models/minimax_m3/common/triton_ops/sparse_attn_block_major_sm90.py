@@ -115,10 +115,17 @@ def sparse_attn_block_major_sm90_kernel(
         pmax = gl.max(cpos, axis=0)
         see_all = gl.min(gl.where(cvalid, cpos, pmax), axis=0) >= b * SPARSE_BLOCK + SPARSE_BLOCK - 1
 
-        hold_block(kv_ptr, kvs_ptr, bt_row, k_smem, v_smem, b, g, pmax,
-                   stride_cp, stride_ckv, stride_cs, stride_ch,
-                   stride_sp, stride_skv, stride_ss, stride_sh,
-                   D, SPARSE_BLOCK, PAGE_SIZE, SCALE_MODE, tile)
+        # the block and the query ring's first tiles in flight together (the
+        # block's commit group first, so the first step's wait covers it); an
+        # fp8 block is staged, then widened while the ring's copies fly
+        fetch_block(kv_ptr, k_smem, v_smem, bt_row, b, g, pmax, stride_cp, stride_ckv,
+                    stride_cs, stride_ch, D, SPARSE_BLOCK, PAGE_SIZE, tile)
+        prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
+                         G, G_PAD, TM, D, NUM_BUF, tile)
+        if SCALE_MODE != 0:
+            widen_block(kv_ptr, kvs_ptr, bt_row, k_smem, v_smem, b, g, pmax,
+                        stride_sp, stride_skv, stride_ss, stride_sh,
+                        SPARSE_BLOCK, D, PAGE_SIZE, SCALE_MODE, NUM_BUF - 1)
         if see_all:
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
                             part_o_desc, part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
@@ -132,40 +139,94 @@ def sparse_attn_block_major_sm90_kernel(
 
 
 @gluon.jit
-def hold_block(kv_ptr, kvs_ptr, bt_row, k_smem, v_smem, b, g, pmax,
-               stride_cp, stride_ckv, stride_cs, stride_ch,
-               stride_sp, stride_skv, stride_ss, stride_sh,
-               D: gl.constexpr, SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr,
-               SCALE_MODE: gl.constexpr, tile: gl.constexpr):
-    """Block ``b`` of KV head ``g`` (keys after ``pmax`` as zeros) into
-    ``k_smem`` / ``v_smem`` [SPARSE_BLOCK, D] in the queries' dtype: an fp8
-    cache widened (exactly), with SCALE_MODE 2 times its per-key scales and
-    rounded once."""
-    dtype: gl.constexpr = k_smem.dtype
+def fetch_block(kv_ptr, k_smem, v_smem, bt_row, b, g, pmax, stride_cp, stride_ckv, stride_cs,
+                stride_ch, D: gl.constexpr, SPARSE_BLOCK: gl.constexpr,
+                PAGE_SIZE: gl.constexpr, tile: gl.constexpr):
+    """``cp.async`` of block ``b`` of KV head ``g`` (keys after ``pmax``
+    zero-filled), one commit group: into ``k_smem`` / ``v_smem`` [SPARSE_BLOCK,
+    D] as they are for a cache in the queries' dtype; for an fp8 cache into
+    the first half of each's bytes, [SPARSE_BLOCK, D] fp8 staging that
+    ``widen_block`` turns into the queries' dtype in place.  ``tile``: the
+    copy layout (16 bytes per thread and row piece)."""
     offs_n = gl.arange(0, SPARSE_BLOCK, layout=gl.SliceLayout(1, tile))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, tile))
     kp = b * SPARSE_BLOCK + offs_n
     kload = kp <= pmax
     page_slot = kp // PAGE_SIZE
     page = gl.load(bt_row + page_slot, mask=kload, other=0).to(gl.int64)
-    in_page = (kp - page_slot * PAGE_SIZE).to(gl.int64)
-    row = page * stride_cp + in_page * stride_cs + g * stride_ch
-    k = gl.load(kv_ptr + row[:, None] + offs_d[None, :], mask=kload[:, None], other=0.0)
-    v = gl.load(kv_ptr + stride_ckv + row[:, None] + offs_d[None, :], mask=kload[:, None],
-                other=0.0)
+    row = (page * stride_cp + (kp - page_slot * PAGE_SIZE).to(gl.int64) * stride_cs
+           + g * stride_ch)
+    ptrs = kv_ptr + row[:, None] + offs_d[None, :]
+    async_copy.async_copy_global_to_shared(held_as(k_smem, kv_ptr.dtype.element_ty), ptrs,
+                                           mask=kload[:, None])
+    async_copy.async_copy_global_to_shared(held_as(v_smem, kv_ptr.dtype.element_ty),
+                                           ptrs + stride_ckv, mask=kload[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def held_as(smem, dtype: gl.constexpr):
+    """``smem`` [N, D] itself for its own dtype, else its first bytes as an
+    unswizzled [N, D] tile of ``dtype`` (an fp8 block's staging)."""
+    if dtype == smem.dtype:
+        return smem
+    else:
+        return smem._reinterpret(dtype, smem.shape,
+                                 gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+
+
+@gluon.jit
+def widen_block(kv_ptr, kvs_ptr, bt_row, k_smem, v_smem, b, g, pmax,
+                stride_sp, stride_skv, stride_ss, stride_sh,
+                SPARSE_BLOCK: gl.constexpr, D: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                SCALE_MODE: gl.constexpr, STAGED_GROUPS: gl.constexpr):
+    """An fp8 block staged by ``fetch_block`` (its commit group followed by
+    ``STAGED_GROUPS`` newer ones, left in flight) widened in place to the
+    queries' dtype (exactly), with SCALE_MODE 2 times its per-key scales and
+    rounded once.  The first step's wait fences the stores for the MMA."""
+    dtype: gl.constexpr = k_smem.dtype
+    f8: gl.constexpr = kv_ptr.dtype.element_ty
+    per_row: gl.constexpr = D // 16
+    wide: gl.constexpr = gl.BlockedLayout([1, 16], [32 // per_row, per_row],
+                                          [gl.num_warps(), 1], [1, 0])
     if SCALE_MODE == 2:
-        srow = page * stride_sp + in_page * stride_ss + g * stride_sh
+        kp = b * SPARSE_BLOCK + gl.arange(0, SPARSE_BLOCK, layout=gl.SliceLayout(1, wide))
+        kload = kp <= pmax
+        page_slot = kp // PAGE_SIZE
+        page = gl.load(bt_row + page_slot, mask=kload, other=0).to(gl.int64)
+        srow = (page * stride_sp + (kp - page_slot * PAGE_SIZE).to(gl.int64) * stride_ss
+                + g * stride_sh)
         ksc = gl.load(kvs_ptr + srow, mask=kload, other=0.0)
         vsc = gl.load(kvs_ptr + stride_skv + srow, mask=kload, other=0.0)
-        k = (k.to(gl.float32) * ksc[:, None]).to(dtype)
-        v = (v.to(gl.float32) * vsc[:, None]).to(dtype)
-    else:
-        k = k.to(gl.float32).to(dtype)
-        v = v.to(gl.float32).to(dtype)
-    k_smem.store(k)
-    v_smem.store(v)
-    fence_async_shared()
+    async_copy.wait_group(STAGED_GROUPS)
     gl.thread_barrier()
+    k = held_as(k_smem, f8).load(wide).to(gl.float32)
+    v = held_as(v_smem, f8).load(wide).to(gl.float32)
+    gl.thread_barrier()  # every thread has read the staging before it is overwritten
+    if SCALE_MODE == 2:
+        k = k * ksc[:, None]
+        v = v * vsc[:, None]
+    k_smem.store(k.to(dtype))
+    v_smem.store(v.to(dtype))
+
+
+@gluon.jit
+def prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
+                     G: gl.constexpr, G_PAD: gl.constexpr, TM: gl.constexpr, D: gl.constexpr,
+                     NUM_BUF: gl.constexpr, tile: gl.constexpr):
+    """The copies of the first ``NUM_BUF - 1`` steps' query rows, one commit
+    group each (``walk_pairs_sm90`` refills the ring from there)."""
+    R: gl.constexpr = TM * G_PAD
+    offs_rc = gl.arange(0, R, layout=gl.SliceLayout(1, tile))
+    offs_dc = gl.arange(0, D, layout=gl.SliceLayout(0, tile))
+    pair_c = offs_rc // G_PAD
+    head_c = offs_rc % G_PAD
+    qcol = (g * G + head_c) * stride_qh
+    for jj in gl.static_range(NUM_BUF - 1):
+        tok_c = gl.load(pair_tok_ptr + first + jj * TM + pair_c, mask=jj * TM + pair_c < n,
+                        other=0)
+        copy_query_rows(q_ptr, q_smem.index(jj), tok_c, (jj * TM + pair_c < n) & (head_c < G),
+                        qcol, offs_dc, stride_qt)
 
 
 @gluon.jit
@@ -217,12 +278,7 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
     nsteps = gl.cdiv(n, TM)
     k_t = k_smem.permute((1, 0))
 
-    # the ring's first NUM_BUF - 1 steps in flight
-    for jj in gl.static_range(NUM_BUF - 1):
-        tok_c = gl.load(pair_tok_ptr + first + jj * TM + pair_c, mask=jj * TM + pair_c < n,
-                        other=0)
-        copy_query_rows(q_ptr, q_smem.index(jj), tok_c, (jj * TM + pair_c < n) & (head_c < G),
-                        qcol, offs_dc, stride_qt)
+    # (the ring's first NUM_BUF - 1 steps are in flight: prime_query_ring)
     # the tokens of the step the first iteration sends for
     tok_c = gl.load(pair_tok_ptr + first + (NUM_BUF - 1) * TM + pair_c,
                     mask=(NUM_BUF - 1) * TM + pair_c < n, other=0)
@@ -232,6 +288,11 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
     pos = gl.load(pos_ptr + tok, mask=pair_r < n, other=-1)
     tok_n = gl.load(pair_tok_ptr + first + TM + pair_r, mask=TM + pair_r < n, other=0)
     o_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, D], gl.float16)
+    # STORE 1: step i's tokens and slots in the copy layout too (for the row
+    # stores; loaded a step ahead, no layout conversion)
+    if STORE == 1:
+        tok_t = gl.load(pair_tok_ptr + first + pair_c, mask=pair_c < n, other=0)
+        slot_t = gl.load(pair_slot_ptr + first + pair_c, mask=pair_c < n, other=0)
     # STORE 2: each step's pair tokens and slots in every thread, one step ahead
     pairs_l: gl.constexpr = gl.BlockedLayout([TM], [32], [gl.num_warps()], [0])
     offs_p = gl.arange(0, TM, layout=pairs_l)
@@ -250,8 +311,8 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
             s_tok = warpgroup_mma(q_smem.index(i % NUM_BUF), k_t,
                                   gl.zeros([R, SPARSE_BLOCK], gl.float32, mma), use_acc=False,
                                   is_async=True)
-        # refill the ring slot step i - 1 read (every warp is past its MMA: the
-        # barrier before step i's)
+        # refill the ring slot step i - 1 read (every warp is past its MMA and
+        # its partials' reads of it: the barrier of query_tile_ready)
         j = i + NUM_BUF - 1
         if OVERLAP and STORE == 2:  # the TMA stores of step i - 1 have read the tile
             tma.store_wait(0)
@@ -266,6 +327,10 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
         pos_n = gl.load(pos_ptr + tok_n, mask=nvalid, other=-1)
         tok_nn = gl.load(pair_tok_ptr + first + s0 + 2 * TM + pair_r,
                          mask=s0 + 2 * TM + pair_r < n, other=0)
+        if STORE == 1:
+            tvalid = s0 + TM + pair_c < n
+            tok_t_n = gl.load(pair_tok_ptr + first + s0 + TM + pair_c, mask=tvalid, other=0)
+            slot_t_n = gl.load(pair_slot_ptr + first + s0 + TM + pair_c, mask=tvalid, other=0)
         if STORE == 2:
             ptok_n = gl.load(pair_tok_ptr + first + s0 + TM + offs_p, mask=s0 + TM + offs_p < n,
                              other=0)
@@ -310,10 +375,12 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
             if STORE == 1:
                 gl.thread_barrier()
                 o = o_smem.load(tile)
-                ph_t = gl.convert_layout(ph, gl.SliceLayout(1, tile))
-                ok_t = gl.convert_layout(rvalid, gl.SliceLayout(1, tile))
+                ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
+                ok_t = (s0 + pair_c < n) & (head_c < G)
                 gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
                          mask=ok_t[:, None])
+                tok_t = tok_t_n
+                slot_t = slot_t_n
             else:
                 fence_async_shared()
                 gl.thread_barrier()
