@@ -18,6 +18,7 @@ assert not os.environ.get("TRITON_INTERPRET"), "run without TRITON_INTERPRET"
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from vllm.models.minimax_m3.common.triton_ops.attention import GROUP_BLOCK  # noqa: E402
 from vllm.models.minimax_m3.common.triton_ops.block_major_group import (  # noqa: E402
@@ -34,6 +35,8 @@ from vllm.models.minimax_m3.common.triton_ops.sparse_attn_merge import (  # noqa
     sparse_attn_merge_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major import (  # noqa: E402
     sparse_attn_block_major_kernel)
+from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major_sm90 import (  # noqa: E402
+    sparse_attn_block_major_sm90_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_fwd import (  # noqa: E402
     sparse_attn_fwd_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_tiled import (  # noqa: E402
@@ -58,8 +61,9 @@ def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
            for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in constexprs and (n in pointers or n in ALIGNED_INTS)}
-    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs,
-                                        attrs=attrs),
+    source = GluonASTSource if kernel.is_gluon() else ASTSource
+    compiled = triton.compile(source(fn=kernel, signature=sig, constexprs=constexprs,
+                                     attrs=attrs),
                               target=TARGET, options=dict(
                                   num_warps=num_warps, num_stages=num_stages or 2))
     print(f"  {kernel.fn.__name__}: {resource_usage(compiled.asm['ptx'])}, "
@@ -194,6 +198,20 @@ def main():
             print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
                   flush=True)
             done += 1
+    # the sm_90 (Gluon) block-major kernel as the engine launches it on an H200: bf16
+    # with a ring of 2 query tiles, fp8 (scalar / per-token-head scales) with 3
+    for mode, kv, ring in ((0, "*bf16", 2), (1, "*fp8e4nv", 3), (2, "*fp8e4nv", 3)):
+        ptrs = dict(q_ptr="*bf16", kv_ptr=kv, bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32",
+                    pair_tok_ptr="*i32", pair_slot_ptr="*i32", group_start_ptr="*i32",
+                    counts_ptr="*i32", tile_end_ptr="*i32", part_o_ptr="*fp16",
+                    part_lse_ptr="*fp32", k_scale_ptr="*fp32", kvs_ptr="*fp32")
+        cubin = compile_kernel(sparse_attn_block_major_sm90_kernel, ptrs, dict(
+            HQ=16, HKV=1, G=16, G_PAD=16, TM=4, CHUNK=64, D=128, TOPK=16, SPARSE_BLOCK=128,
+            PAGE_SIZE=64, SCALE_MODE=mode, SPLIT_MASKED=True, NUM_BUF=ring), 4)
+        assert len(cubin) > 0
+        print(f"compiled sparse_attn_block_major_sm90_kernel mode {mode} NUM_BUF={ring} "
+              f"({len(cubin)} B cubin)", flush=True)
+        done += 1
     # the decode attention that ranks its token's block scores itself (select_topk),
     # 64 blocks (8k context), 8 splits, PDL
     ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32",

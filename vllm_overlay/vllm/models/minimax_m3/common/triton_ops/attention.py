@@ -22,7 +22,6 @@ from .sparse_attn_tiled import sparse_attn_tiled_kernel
 
 try:  # Gluon (Triton's explicit-layout dialect) for the sm_90 block-major kernel
     from .sparse_attn_block_major_sm90 import (NUM_WARPS as SM90_NUM_WARPS,
-                                               partial_store_descriptor,
                                                sm90_block_major_supported,
                                                sparse_attn_block_major_sm90_kernel)
 except Exception:  # pragma: no cover - a Triton without Gluon (or its Hopper ops)
@@ -582,9 +581,11 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             and split_masked and (kernel_mode != 1 or v_in_merge)
             and (kernel_mode != 2 or scale_held) and D == D_PAD
             and sm90_block_major_supported(q, kernel_mode, D, sparse_block, G_PAD, pairs))
-    sm90_store = int(tune.get("sm90_store", 1))
-    if sm90_store == 2 and G != G_PAD:
-        sm90_store = 1  # a pair's TMA box would cover the next KV head's rows
+    # query tiles in the ring: H200 run 44, 8192-token chunk, attention at 8k / 128k
+    # context: bf16 478.7 / 572.2 us with 2 against 485.6 / 574.5 with 3; fp8 scalar
+    # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7
+    # against 507.8 / 614.1 (ci/results/2026-12-01-block-major-sm90-profile-h200-run44.json)
+    sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 else 3))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -602,16 +603,14 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             sparse_attn_block_major_sm90_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
                 pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
-                part_o, partial_store_descriptor(part_o, G_PAD) if sm90_store == 2 else part_o,
-                part_lse, ks, kvs, scale,
+                part_o, part_lse, ks, kvs, scale,
                 q.stride(0), q.stride(1),
                 kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
                 sstr[0], sstr[1], sstr[2], sstr[3],
                 block_table.stride(0),
                 HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
                 SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
-                SPLIT_MASKED=split_masked, NUM_BUF=int(tune.get("sm90_buffers", 3)),
-                OVERLAP=bool(tune.get("sm90_overlap", False)), STORE=sm90_store,
+                SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers,
                 num_warps=SM90_NUM_WARPS.value)
         else:
             sparse_attn_block_major_kernel[(num_tiles,)](
