@@ -580,7 +580,8 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     sm90 = (sparse_attn_block_major_sm90_kernel is not None and bool(tune.get("sm90", True))
             and split_masked and (kernel_mode != 1 or v_in_merge)
             and (kernel_mode != 2 or scale_held) and D == D_PAD
-            and sm90_block_major_supported(q, kernel_mode, D, sparse_block, G_PAD, pairs))
+            and sm90_block_major_supported(q, kernel_mode, D, sparse_block, G, G_PAD,
+                                           pairs))
     # query tiles in the ring: H200 run 44, 8192-token chunk, attention at 8k / 128k
     # context: bf16 478.7 / 572.2 us with 2 against 485.6 / 574.5 with 3; fp8 scalar
     # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7

@@ -16,15 +16,19 @@ version do that the ``tl`` kernel cannot express:
   held V), with the probabilities kept in the scores' registers;
 - the pairs' token ids are read two steps ahead and their slots and positions
   one step ahead, so no step waits on a dependent load;
-- the partials are stored from the MMA's register layout, with no layout
-  conversion through shared memory.
+- the block's K/V is fetched by ``cp.async`` together with the ring's first
+  tiles (an fp8 block staged in the same shared memory and widened in place);
+- the partials leave as 16-byte pieces of rows through the step's own query
+  tile (free until the next step's refill), their row ids loaded in that
+  layout a step ahead.
 
-Only the shapes of the production path: ``D == SPARSE_BLOCK`` in (64, 128)
-(the block is one key tile), 16-bit queries (the MMA runs in their dtype: an
-fp8 cache is widened once per program, per-token-head scales multiplied into
-the held block), ``TM * G_PAD == 64`` rows per step, four warps (one
-warpgroup).  ``sm90_block_major_supported`` says when it applies; the
-wrapper runs the ``tl`` kernel otherwise.
+The kernel is written for ``D == SPARSE_BLOCK`` (the block is one key tile),
+16-bit queries (the MMA runs in their dtype: an fp8 cache is widened once per
+program, per-token-head scales multiplied into the held block), ``TM * G_PAD
+== 64`` rows per step and four warps (one warpgroup).  The engine takes it
+only where the H200 runs have checked it, the production shape of one TP4
+rank (``sm90_block_major_supported``: head_dim 128 = sparse block, 16 query
+heads per KV head); the wrapper runs the ``tl`` kernel otherwise.
 
 Scale modes (``SCALE_MODE``): 0 none; 1 scalar, k_scale folded into the
 score scale and v_scale left to the merge (``V_SCALE_IN_MERGE``); 2 per token
@@ -111,7 +115,8 @@ def sparse_attn_block_major_sm90_kernel(
         ctok = gl.load(pair_tok_ptr + first + offs_c, mask=cvalid, other=0)
         cpos = gl.load(pos_ptr + ctok, mask=cvalid, other=-1)
         pmax = gl.max(cpos, axis=0)
-        see_all = gl.min(gl.where(cvalid, cpos, pmax), axis=0) >= b * SPARSE_BLOCK + SPARSE_BLOCK - 1
+        see_all = (gl.min(gl.where(cvalid, cpos, pmax), axis=0)
+                   >= b * SPARSE_BLOCK + SPARSE_BLOCK - 1)
 
         # the block and the query ring's first tiles in flight together (the
         # block's commit group first, so the first step's wait covers it); an
@@ -355,15 +360,16 @@ def query_tile_ready(NUM_BUF: gl.constexpr):
 
 
 def sm90_block_major_supported(q: torch.Tensor, kernel_mode: int, D: int, sparse_block: int,
-                               G_PAD: int, pairs: int) -> bool:
-    """Whether ``sparse_attn_block_major_sm90_kernel`` computes this launch: an
-    sm_90 CUDA device, 16-bit queries, scale mode 0, 1 (folded) or 2, the block
-    one key tile of ``D`` in (64, 128), and 64 query rows per step."""
+                               G: int, G_PAD: int, pairs: int) -> bool:
+    """Whether the engine runs ``sparse_attn_block_major_sm90_kernel`` for this
+    launch: an sm_90 CUDA device, 16-bit queries, scale mode 0, 1 (folded) or
+    2, and the shapes the H200 kernel tests check (head_dim 128 = sparse
+    block, 16 query heads per KV head, 4 pairs per step)."""
     if not (q.is_cuda and torch.version.cuda and torch.cuda.get_device_capability(q.device)
             == (9, 0)):
         return False
     return (q.dtype in (torch.bfloat16, torch.float16) and kernel_mode in (0, 1, 2)
-            and D == sparse_block and D in (64, 128) and pairs * G_PAD == 64)
+            and D == sparse_block == 128 and G == G_PAD == 16 and pairs == 4)
 
 
 __all__ = ["NUM_WARPS", "sm90_block_major_supported", "sparse_attn_block_major_sm90_kernel"]
