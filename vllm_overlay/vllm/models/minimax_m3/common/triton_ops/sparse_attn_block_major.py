@@ -66,6 +66,38 @@ from ._triton import tl, triton
 
 
 @triton.jit
+def program_group(tile_end_ptr, NG, prog):
+    """The group of program ``prog``: the first whose ``tile_end`` exceeds it
+    (bisection; ``NG`` for none, the grid's surplus).  Shared with the sm_90
+    kernel."""
+    lo = 0
+    hi = NG
+    while lo < hi:
+        mid = (lo + hi) // 2
+        up = tl.load(tile_end_ptr + mid) > prog
+        hi = tl.where(up, mid, hi)
+        lo = tl.where(up, lo, mid + 1)
+    return lo
+
+
+@triton.jit
+def group_share(tile_end_ptr, group_start_ptr, counts_ptr, pair_tok_ptr, req_ptr, bt_ptr,
+                grp, prog, MAX_BLOCKS, stride_bt, HKV: tl.constexpr, CHUNK: tl.constexpr,
+                SPLIT_MASKED: tl.constexpr):
+    """Program ``prog``'s share of its group ``grp``: (its first pair, its pair
+    count (at most ``CHUNK``), the group's block and KV head, and the block
+    table row of the group's request)."""
+    r = prog - tl.load(tile_end_ptr + grp - 1, mask=grp > 0, other=0)
+    first = tl.load(group_start_ptr + grp) + r * CHUNK
+    n = tl.minimum(tl.load(counts_ptr + grp) - r * CHUNK, CHUNK)
+    key = grp // 2 if SPLIT_MASKED else grp
+    b = key % MAX_BLOCKS
+    g = (key // MAX_BLOCKS) % HKV
+    req = tl.load(req_ptr + tl.load(pair_tok_ptr + first))  # one request per group
+    return first, n, b, g, bt_ptr + req.to(tl.int64) * stride_bt
+
+
+@triton.jit
 def query_rows(q_ptr, tok, rvalid, heads, offs_d, dmask, stride_qt, stride_qh):
     """The query rows [R, D_PAD] of tokens ``tok`` [R], heads ``heads`` [R]."""
     return tl.load(q_ptr + tok.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh
@@ -118,24 +150,11 @@ def sparse_attn_block_major_kernel(
     # the loop's software pipeline into shared memory)
     ONE_KEY_TILE: tl.constexpr = HOLD_KV and SPARSE_BLOCK == BLOCK_N
     tile = tl.program_id(0)
-    # this program's group: the first whose tile_end exceeds ``tile``
-    lo = 0
-    hi = NG
-    while lo < hi:
-        mid = (lo + hi) // 2
-        up = tl.load(tile_end_ptr + mid) > tile
-        hi = tl.where(up, mid, hi)
-        lo = tl.where(up, lo, mid + 1)
-    grp = lo
+    grp = program_group(tile_end_ptr, NG, tile)
     if grp < NG:
-        r = tile - tl.load(tile_end_ptr + grp - 1, mask=grp > 0, other=0)
-        first = tl.load(group_start_ptr + grp) + r * CHUNK
-        n = tl.minimum(tl.load(counts_ptr + grp) - r * CHUNK, CHUNK)
-        key = grp // 2 if SPLIT_MASKED else grp
-        b = key % MAX_BLOCKS
-        g = (key // MAX_BLOCKS) % HKV
-        req = tl.load(req_ptr + tl.load(pair_tok_ptr + first))  # one request per group
-        bt_row = bt_ptr + req.to(tl.int64) * stride_bt
+        first, n, b, g, bt_row = group_share(
+            tile_end_ptr, group_start_ptr, counts_ptr, pair_tok_ptr, req_ptr, bt_ptr, grp, tile,
+            MAX_BLOCKS, stride_bt, HKV, CHUNK, SPLIT_MASKED)
         k_base = kv_ptr + g * stride_ch
         v_base = kv_ptr + stride_ckv + g * stride_ch
         qk_scale, k_elem_scale, v_elem_scale, out_scale = softmax_scales(

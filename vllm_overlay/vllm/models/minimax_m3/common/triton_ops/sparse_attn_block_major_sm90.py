@@ -43,6 +43,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .sparse_attn_block_major import group_share, program_group
+
 NUM_WARPS = gl.constexpr(4)  # one warpgroup: every MMA is one warpgroup's 64 rows
 
 
@@ -85,24 +87,11 @@ def sparse_attn_block_major_sm90_kernel(
     v_smem = gl.allocate_shared_memory(dtype, [SPARSE_BLOCK, D], kv_sl)
 
     prog = gl.program_id(0)
-    # this program's group: the first whose tile_end exceeds ``prog``
-    lo = 0
-    hi = NG
-    while lo < hi:
-        mid = (lo + hi) // 2
-        up = gl.load(tile_end_ptr + mid) > prog
-        hi = gl.where(up, mid, hi)
-        lo = gl.where(up, lo, mid + 1)
-    grp = lo
+    grp = program_group(tile_end_ptr, NG, prog)
     if grp < NG:
-        r = prog - gl.load(tile_end_ptr + grp - 1, mask=grp > 0, other=0)
-        first = gl.load(group_start_ptr + grp) + r * CHUNK
-        n = gl.minimum(gl.load(counts_ptr + grp) - r * CHUNK, CHUNK)
-        key = grp // 2 if SPLIT_MASKED else grp
-        b = key % MAX_BLOCKS
-        g = (key // MAX_BLOCKS) % HKV
-        req = gl.load(req_ptr + gl.load(pair_tok_ptr + first))  # one request per group
-        bt_row = bt_ptr + req.to(gl.int64) * stride_bt
+        first, n, b, g, bt_row = group_share(
+            tile_end_ptr, group_start_ptr, counts_ptr, pair_tok_ptr, req_ptr, bt_ptr, grp, prog,
+            MAX_BLOCKS, stride_bt, HKV, CHUNK, SPLIT_MASKED)
         qk_scale = sm_scale * 1.4426950408889634
         if SCALE_MODE == 1:
             qk_scale = qk_scale * gl.load(k_scale_ptr)
