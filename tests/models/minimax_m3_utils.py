@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 N_LAYERS = 4
@@ -179,6 +180,21 @@ _RUNNER = textwrap.dedent(
     json.dump(out, open(sys.argv[2], "w"))
     """
 )
+
+
+def fp8_kv_engines_run_here() -> bool:
+    """Whether a vLLM engine here takes an FP8 KV cache: on the GPU always; on
+    the CPU its attention backend needs x86 with AVX-512 or AMX (it raises
+    NotImplementedError otherwise, ``cpu_attn._get_attn_isa``)."""
+    return (torch.cuda.is_available() or torch.cpu._is_avx512_supported()
+            or torch.cpu._is_amx_tile_supported())
+
+
+# for tests that run engines with an FP8 KV cache
+needs_fp8_kv_engine = pytest.mark.skipif(
+    not fp8_kv_engines_run_here(),
+    reason="vLLM's CPU attention needs AVX-512 or AMX for an FP8 KV cache; this CPU has "
+           "neither (the GPU suites run these tests)")
 
 
 def graphs_requested() -> bool:

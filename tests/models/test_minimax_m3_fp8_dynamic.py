@@ -45,7 +45,8 @@ from fp8_dynamic_checkpoint import (
     convert_to_fp8_dynamic,
     quantize_per_channel,
 )
-from minimax_m3_utils import build_checkpoint, read_checkpoint, run_vllm
+from minimax_m3_utils import (build_checkpoint, needs_fp8_kv_engine, read_checkpoint,
+                              run_vllm)
 
 pytest.importorskip("transformers.models.minimax_m3_vl")
 
@@ -344,6 +345,7 @@ def probe(model):
 '''
 
 
+@needs_fp8_kv_engine
 def test_kv_cache_scales_load_into_dense_and_sparse_layers(src):
     """A compressed-tensors checkpoint with FP8 KV-cache scales (a KV-cache-only
     recipe: no weight quantization) runs with an FP8 KV cache; the dense

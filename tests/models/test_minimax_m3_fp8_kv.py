@@ -22,7 +22,7 @@ Attention: a listed sparse layer keeps a model-dtype cache (and no scales).
 import pytest
 import torch
 
-from minimax_m3_utils import build_checkpoint, run_vllm
+from minimax_m3_utils import build_checkpoint, needs_fp8_kv_engine, run_vllm
 
 pytest.importorskip("transformers.models.minimax_m3_vl")
 
@@ -64,6 +64,7 @@ def _mean_diff(a, b):
     return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
 
 
+@needs_fp8_kv_engine
 def test_per_token_head_fp8_kv(ckpt, tmp_path):
     runs = {name: _run(tmp_path / name, ckpt, **llm) for name, llm in (
         ("bf16", {}), ("scalar", dict(kv_cache_dtype="fp8")),
@@ -97,6 +98,7 @@ def probe(model):
 '''
 
 
+@needs_fp8_kv_engine
 def test_skip_layers_apply_to_sparse_layers(ckpt, tmp_path):
     """Layers 1-3 are sparse; skipping "2" leaves its cache bf16 without the
     scale padding, while layers 1 and 3 hold FP8 rows with per-row scales."""
