@@ -117,16 +117,11 @@ def sparse_attn_block_major_sm90_kernel(
         see_all = (gl.min(gl.where(cvalid, cpos, pmax), axis=0)
                    >= b * SPARSE_BLOCK + SPARSE_BLOCK - 1)
 
-        # an fp8 block's per-key scales (SCALE_MODE 2) asked for first: their page
-        # lookup and load are two dependent trips, the block's copy one
-        wide: gl.constexpr = row_pieces_of_16_bytes(D, 8, NUM_WARPS)
-        ksc = gl.full([SPARSE_BLOCK], 1.0, gl.float32, gl.SliceLayout(1, wide))
-        vsc = ksc
+        # an fp8 block's per-key scales (SCALE_MODE 2) copied into V's idle upper
+        # half (its staging takes the lower), in a commit group before the block's
         if SCALE_MODE == 2:
-            ksc = held_scales(kvs_ptr, bt_row, b, g, pmax, stride_sp, stride_ss, stride_sh,
-                              SPARSE_BLOCK, PAGE_SIZE, wide)
-            vsc = held_scales(kvs_ptr + stride_skv, bt_row, b, g, pmax, stride_sp, stride_ss,
-                              stride_sh, SPARSE_BLOCK, PAGE_SIZE, wide)
+            fetch_scales(kvs_ptr, v_smem, bt_row, b, g, pmax, stride_sp, stride_skv,
+                         stride_ss, stride_sh, D, SPARSE_BLOCK, PAGE_SIZE)
         # the block and the query ring's first tiles in flight together (the
         # block's commit group first, so the first step's wait covers it); an
         # fp8 block is staged, then widened while the ring's copies fly
@@ -137,7 +132,8 @@ def sparse_attn_block_major_sm90_kernel(
         prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
                          G, G_PAD, TM, D, NUM_BUF, tile)
         if SCALE_MODE != 0:
-            widen_block(kv_ptr, k_smem, v_smem, ksc, vsc, NUM_BUF - 1, SCALE_MODE, wide)
+            widen_block(kv_ptr, k_smem, v_smem, NUM_BUF - 1, SCALE_MODE,
+                        row_pieces_of_16_bytes(D, 8, NUM_WARPS))
         if see_all:
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
                             part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
@@ -188,43 +184,56 @@ def held_as(smem, dtype: gl.constexpr):
 
 
 @gluon.jit
-def held_scales(scale_ptr, bt_row, b, g, pmax, stride_sp, stride_ss, stride_sh,
-                SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr, wide: gl.constexpr):
-    """Block ``b``'s per-key scales of KV head ``g`` (``scale_ptr``: the K or V
-    plane of the per-token-head scales; keys after ``pmax`` 0), one per row of
-    the ``wide`` layout: loaded one key per thread (the ``wide`` rows' layout
-    has each thread load 8 keys, each key loaded by 8 threads), then
-    redistributed through shared memory."""
-    one_each: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    kp = b * SPARSE_BLOCK + gl.arange(0, SPARSE_BLOCK, layout=one_each)
+def scales_of(v_smem, D: gl.constexpr, KV: gl.constexpr):
+    """[SPARSE_BLOCK] float32, K's (KV=0) or V's (1) per-key scales, in the
+    upper half of the bytes of ``v_smem`` [SPARSE_BLOCK, D], which an fp8
+    block's staging leaves idle until the widening has read it."""
+    n: gl.constexpr = v_smem.shape[0]
+    flat = v_smem._reinterpret(gl.float32, [n * D // 2],
+                               gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    return flat.slice(n * D // 4 + KV * n, n)
+
+
+@gluon.jit
+def fetch_scales(kvs_ptr, v_smem, bt_row, b, g, pmax, stride_sp, stride_skv, stride_ss,
+                 stride_sh, D: gl.constexpr, SPARSE_BLOCK: gl.constexpr,
+                 PAGE_SIZE: gl.constexpr):
+    """``cp.async`` of block ``b``'s per-key scales of KV head ``g`` (keys after
+    ``pmax`` zero-filled) into ``scales_of(v_smem)``, one commit group."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    kp = b * SPARSE_BLOCK + gl.arange(0, SPARSE_BLOCK, layout=lay)
     kload = kp <= pmax
     page_slot = kp // PAGE_SIZE
     page = gl.load(bt_row + page_slot, mask=kload, other=0).to(gl.int64)
     srow = (page * stride_sp + (kp - page_slot * PAGE_SIZE).to(gl.int64) * stride_ss
             + g * stride_sh)
-    return gl.convert_layout(gl.load(scale_ptr + srow, mask=kload, other=0.0),
-                             gl.SliceLayout(1, wide))
+    async_copy.async_copy_global_to_shared(scales_of(v_smem, D, 0), kvs_ptr + srow,
+                                           mask=kload)
+    async_copy.async_copy_global_to_shared(scales_of(v_smem, D, 1),
+                                           kvs_ptr + stride_skv + srow, mask=kload)
+    async_copy.commit_group()
 
 
 @gluon.jit
-def widen_block(kv_ptr, k_smem, v_smem, ksc, vsc, STAGED_GROUPS: gl.constexpr,
+def widen_block(kv_ptr, k_smem, v_smem, STAGED_GROUPS: gl.constexpr,
                 SCALE_MODE: gl.constexpr, wide: gl.constexpr):
     """An fp8 block staged by ``fetch_block`` (its commit group followed by
     ``STAGED_GROUPS`` newer ones, left in flight) widened in place to the
     queries' dtype (exactly), with SCALE_MODE 2 times its per-key scales
-    (``ksc`` / ``vsc``, rows of the ``wide`` layout) and rounded once.  The
-    first step's wait fences the stores for the MMA.  (Widening V while the
-    first step's score MMA runs instead took the kernel from 330 to 355 us,
-    H200 run 45, 8192-token chunk at 8k, scalar scales.)"""
+    (``fetch_scales``, in V's upper half) and rounded once.  The first step's
+    wait fences the stores for the MMA.  (Widening V while the first step's
+    score MMA runs instead took the kernel from 330 to 355 us, H200 run 45,
+    8192-token chunk at 8k, scalar scales.)"""
     f8: gl.constexpr = kv_ptr.dtype.element_ty
     async_copy.wait_group(STAGED_GROUPS)
     gl.thread_barrier()
     k = held_as(k_smem, f8).load(wide).to(gl.float32)
     v = held_as(v_smem, f8).load(wide).to(gl.float32)
-    gl.thread_barrier()  # every thread has read the staging before it is overwritten
     if SCALE_MODE == 2:
-        k = k * ksc[:, None]
-        v = v * vsc[:, None]
+        D: gl.constexpr = k_smem.shape[1]
+        k = k * scales_of(v_smem, D, 0).load(gl.SliceLayout(1, wide))[:, None]
+        v = v * scales_of(v_smem, D, 1).load(gl.SliceLayout(1, wide))[:, None]
+    gl.thread_barrier()  # every thread has read the staging before it is overwritten
     k_smem.store(k.to(k_smem.dtype))
     v_smem.store(v.to(v_smem.dtype))
 
