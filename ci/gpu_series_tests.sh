@@ -16,6 +16,8 @@
 #   parity_block_major  the bf16 teacher-forced parity with transformers, block-major forced
 #   fp8kv_block_major   the FP8 KV engines (fp8kv), block-major forced
 #   fp8index tests/models/test_minimax_m3_fp8_index.py (optional FP8 index-key cache)
+#   production_heads  tests/models/test_minimax_m3_production_heads.py (one TP4 rank's head
+#            shapes: bf16 and fp8 KV engines through the sm_90 block-major kernel)
 # DEADLINE_EPOCH (seconds since the epoch): suites are cut to end before it, or skipped.
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
 #            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
@@ -39,7 +41,8 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused_shared or bf16_teacher'"
   [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'"
   [parity_block_major]="tests/models/test_minimax_m3.py -k 'bf16_teacher or chunked_prefill'"
-  [fp8kv_block_major]="tests/models/test_minimax_m3_fp8_kv.py")
+  [fp8kv_block_major]="tests/models/test_minimax_m3_fp8_kv.py"
+  [production_heads]="tests/models/test_minimax_m3_production_heads.py")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1"
   [graphs_token_tile]="VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4"
