@@ -17,7 +17,8 @@ version do that the ``tl`` kernel cannot express:
 - the pairs' token ids are read two steps ahead and their slots and positions
   one step ahead, so no step waits on a dependent load;
 - the block's K/V is fetched by ``cp.async`` together with the ring's first
-  tiles (an fp8 block staged in the same shared memory and widened in place);
+  tiles (an fp8 block staged in the same shared memory and widened in place,
+  its per-token-head scales copied into the idle upper half of V's tile);
 - the partials leave as 16-byte pieces of rows through the step's own query
   tile (free until the next step's refill), their row ids loaded in that
   layout a step ahead.
