@@ -636,7 +636,10 @@ def test_block_sparse_attention_block_major(case, shape):
                                 (2, n_decode, dict(merge_skip_empty=False)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
                                 # kernel (the default there), and the ``tl`` kernel
-                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)))
+                                # ... persistent (a block kept across a CTA's programs)
+                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
+                                   (4, n_decode, dict(sm90_persistent=True)),
+                                   (4, 0, dict(sm90_persistent=True, pairs_per_program=16)))
                                   if ON_GPU else ()),
                                 (8 if ON_GPU else 1, batch.T // 2, None)):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
