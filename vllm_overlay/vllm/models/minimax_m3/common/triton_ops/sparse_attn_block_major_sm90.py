@@ -168,23 +168,20 @@ def one_program(q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, pair_tok_ptr, pair_slot
 
         if REUSE:
             fetch = (grp != held) | (pmax > held_pmax)
-            if fetch:
-                fetch_and_prime(kv_ptr, kvs_ptr, q_ptr, pair_tok_ptr, bt_row, q_smem, k_smem,
-                                v_smem, first, n, b, g, pmax, stride_qt, stride_qh, stride_cp,
-                                stride_ckv, stride_cs, stride_ch, stride_sp, stride_skv,
-                                stride_ss, stride_sh, G, G_PAD, TM, D, SPARSE_BLOCK, PAGE_SIZE,
-                                SCALE_MODE, NUM_BUF, tile)
-                held_pmax = pmax
-            else:
-                prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt,
-                                 stride_qh, G, G_PAD, TM, D, NUM_BUF, tile)
-            held = grp
         else:
+            fetch: gl.constexpr = True
+        if fetch:
             fetch_and_prime(kv_ptr, kvs_ptr, q_ptr, pair_tok_ptr, bt_row, q_smem, k_smem,
                             v_smem, first, n, b, g, pmax, stride_qt, stride_qh, stride_cp,
                             stride_ckv, stride_cs, stride_ch, stride_sp, stride_skv, stride_ss,
                             stride_sh, G, G_PAD, TM, D, SPARSE_BLOCK, PAGE_SIZE, SCALE_MODE,
                             NUM_BUF, tile)
+        else:
+            prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
+                             G, G_PAD, TM, D, NUM_BUF, tile)
+        if REUSE:
+            held_pmax = gl.where(fetch, pmax, held_pmax)
+            held = grp
         if see_all:
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
                             part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
