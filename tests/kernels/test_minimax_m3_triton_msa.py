@@ -599,6 +599,7 @@ def test_block_sparse_attention_block_major(case, shape):
     seed = _seed()
     dtype = DTYPES[-1]
     Hq, Hkv, D, _, B, page, topk = SHAPES[shape]
+    case_index = list(TILE_CASES).index(case)
     reqs = TILE_CASES[case](B)
     batch = Batch(reqs, page)
     n_decode = next((i for i, (_, n) in enumerate(reqs) if n != 1), len(reqs))
@@ -613,7 +614,8 @@ def test_block_sparse_attention_block_major(case, shape):
         # only the programs whose pairs all do skip the causal mask); a block of
         # several key tiles (walked per step, not loaded once); K/V loaded
         # again each step; rows prefetched; the defaults
-        for tm, start, tune in ((2, 0, dict(pairs_per_program=4, aggregate_ranks=False,
+        for variant, (tm, start, tune) in enumerate((
+                                (2, 0, dict(pairs_per_program=4, aggregate_ranks=False,
                                             split_masked=False)),
                                 (4, n_decode, dict(BLOCK_N=16)),
                                 (2, n_decode, dict(hold_kv=False)),
@@ -636,13 +638,14 @@ def test_block_sparse_attention_block_major(case, shape):
                                 (2, n_decode, dict(merge_skip_empty=False)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
                                 # kernel (the default there), and the ``tl`` kernel
-                                # ... persistent (a block kept across a CTA's programs)
-                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
-                                   (4, n_decode, dict(sm90_persistent=True)),
-                                   (4, 0, dict(sm90_persistent=True, pairs_per_program=16)))
+                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)))
                                   if ON_GPU else ()),
-                                (8 if ON_GPU else 1, batch.T // 2, None)):
+                                (8 if ON_GPU else 1, batch.T // 2, None))):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
+                continue
+            # CPU (the interpreter, CI's longest test): each variant in half of the
+            # (case, shape) pairs, both shapes, every scale mode; the defaults in all
+            if not ON_GPU and tune is not None and (variant + case_index + shape) % 2:
                 continue
             out = torch.full_like(q, float("nan"))
             got = block_sparse_attention(q, kv, batch.block_table, batch.token_req,

@@ -370,9 +370,7 @@ def block_sparse_attention(
         non-empty slots (default; False: every slot's, weighed by zero);
         ``sm90``: on an H100/H200, block-major runs the Gluon kernel where it
         covers the launch (default; False: the ``tl`` kernel); ``sm90_buffers``:
-        its query ring's depth; ``sm90_persistent``: its CTAs (two per SM) walk
-        contiguous ranges of the programs, fetching a block once per run of
-        programs that share it (default False; not yet timed).
+        its query ring's depth.
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -606,9 +604,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)
         if sm90:
-            persistent = bool(tune.get("sm90_persistent", False))
-            grid = min(num_tiles, 2 * num_sms(q.device)) if persistent else num_tiles
-            sparse_attn_block_major_sm90_kernel[(grid,)](
+            sparse_attn_block_major_sm90_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
                 pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
                 part_o, part_lse, ks, kvs, scale,
@@ -618,7 +614,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 block_table.stride(0),
                 HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
                 SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
-                SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers, PERSISTENT=persistent,
+                SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers,
                 num_warps=SM90_NUM_WARPS.value)
         else:
             sparse_attn_block_major_kernel[(num_tiles,)](

@@ -31,12 +31,6 @@ only where the H200 runs have checked it, the production shape of one TP4
 rank (``sm90_block_major_supported``: head_dim 128 = sparse block, 16 query
 heads per KV head); the wrapper runs the ``tl`` kernel otherwise.
 
-PERSISTENT (``_tune={"sm90_persistent": True}``, off by default, not yet
-timed on a GPU): a grid of two CTAs per SM, each walking a contiguous range
-of the programs; consecutive programs of one group keep the block in shared
-memory (fetched, and for fp8 widened, again only for another group or a
-later last key position).  At 8k context about 32 programs share a block.
-
 Scale modes (``SCALE_MODE``): 0 none; 1 scalar, k_scale folded into the
 score scale and v_scale left to the merge (``V_SCALE_IN_MERGE``); 2 per token
 and KV head, multiplied into the held K/V and rounded to the queries' dtype
@@ -88,7 +82,7 @@ def sparse_attn_block_major_sm90_kernel(
     HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr,
     TM: gl.constexpr, CHUNK: gl.constexpr, D: gl.constexpr, TOPK: gl.constexpr,
     SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALE_MODE: gl.constexpr,
-    SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr, PERSISTENT: gl.constexpr = False,
+    SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr,
 ):
     R: gl.constexpr = TM * G_PAD
     gl.static_assert(R == 64, "one warpgroup MMA of 64 rows per step")
@@ -103,49 +97,7 @@ def sparse_attn_block_major_sm90_kernel(
     k_smem = gl.allocate_shared_memory(dtype, [SPARSE_BLOCK, D], kv_sl)
     v_smem = gl.allocate_shared_memory(dtype, [SPARSE_BLOCK, D], kv_sl)
 
-    pid = gl.program_id(0)
-    if PERSISTENT:
-        # a contiguous range of the programs (the grid's bound less its surplus)
-        # per CTA: consecutive programs of one group reuse the block it holds
-        total = gl.load(tile_end_ptr + NG - 1, mask=NG > 0, other=0)
-        per = gl.cdiv(total, gl.num_programs(0))
-        held = -1  # the group whose block k_smem / v_smem hold
-        held_pmax = -1  # the last key position they hold
-        for prog in range(pid * per, gl.minimum(pid * per + per, total)):
-            gl.thread_barrier()  # every thread is past the previous program's reads
-            held, held_pmax = one_program(
-                q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr,
-                group_start_ptr, counts_ptr, tile_end_ptr, NG, MAX_BLOCKS, part_o_ptr,
-                part_lse_ptr, k_scale_ptr, kvs_ptr, sm_scale, stride_qt, stride_qh, stride_cp,
-                stride_ckv, stride_cs, stride_ch, stride_sp, stride_skv, stride_ss, stride_sh,
-                stride_bt, q_smem, k_smem, v_smem, prog, held, held_pmax, HQ, HKV, G, G_PAD,
-                TM, CHUNK, D, TOPK, SPARSE_BLOCK, PAGE_SIZE, SCALE_MODE, SPLIT_MASKED,
-                NUM_BUF, mma, tile, True)
-    else:
-        one_program(q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr,
-                    group_start_ptr, counts_ptr, tile_end_ptr, NG, MAX_BLOCKS, part_o_ptr,
-                    part_lse_ptr, k_scale_ptr, kvs_ptr, sm_scale, stride_qt, stride_qh,
-                    stride_cp, stride_ckv, stride_cs, stride_ch, stride_sp, stride_skv,
-                    stride_ss, stride_sh, stride_bt, q_smem, k_smem, v_smem, pid,
-                    -1, -1, HQ, HKV, G, G_PAD, TM, CHUNK, D, TOPK, SPARSE_BLOCK,
-                    PAGE_SIZE, SCALE_MODE, SPLIT_MASKED, NUM_BUF, mma, tile, False)
-
-
-@gluon.jit
-def one_program(q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr,
-                group_start_ptr, counts_ptr, tile_end_ptr, NG, MAX_BLOCKS, part_o_ptr,
-                part_lse_ptr, k_scale_ptr, kvs_ptr, sm_scale, stride_qt, stride_qh, stride_cp,
-                stride_ckv, stride_cs, stride_ch, stride_sp, stride_skv, stride_ss, stride_sh,
-                stride_bt, q_smem, k_smem, v_smem, prog, held, held_pmax,
-                HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr,
-                TM: gl.constexpr, CHUNK: gl.constexpr, D: gl.constexpr, TOPK: gl.constexpr,
-                SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALE_MODE: gl.constexpr,
-                SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr, mma: gl.constexpr,
-                tile: gl.constexpr, REUSE: gl.constexpr):
-    """Program ``prog`` (see the module docstring).  REUSE: the block in
-    shared memory is group ``held``'s, keys up to ``held_pmax``; it is fetched
-    again only for another group or a later last position.  Returns the held
-    group and last position after the program."""
+    prog = gl.program_id(0)
     grp = program_group(tile_end_ptr, NG, prog)
     if grp < NG:
         first, n, b, g, bt_row = group_share(
@@ -166,22 +118,23 @@ def one_program(q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, pair_tok_ptr, pair_slot
         see_all = (gl.min(gl.where(cvalid, cpos, pmax), axis=0)
                    >= b * SPARSE_BLOCK + SPARSE_BLOCK - 1)
 
-        if REUSE:
-            fetch = (grp != held) | (pmax > held_pmax)
-        else:
-            fetch: gl.constexpr = True
-        if fetch:
-            fetch_and_prime(kv_ptr, kvs_ptr, q_ptr, pair_tok_ptr, bt_row, q_smem, k_smem,
-                            v_smem, first, n, b, g, pmax, stride_qt, stride_qh, stride_cp,
-                            stride_ckv, stride_cs, stride_ch, stride_sp, stride_skv, stride_ss,
-                            stride_sh, G, G_PAD, TM, D, SPARSE_BLOCK, PAGE_SIZE, SCALE_MODE,
-                            NUM_BUF, tile)
-        else:
-            prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
-                             G, G_PAD, TM, D, NUM_BUF, tile)
-        if REUSE:
-            held_pmax = gl.where(fetch, pmax, held_pmax)
-            held = grp
+        # an fp8 block's per-key scales (SCALE_MODE 2) copied into V's idle upper
+        # half (its staging takes the lower), in a commit group before the block's
+        if SCALE_MODE == 2:
+            fetch_scales(kvs_ptr, v_smem, bt_row, b, g, pmax, stride_sp, stride_skv,
+                         stride_ss, stride_sh, D, SPARSE_BLOCK, PAGE_SIZE)
+        # the block and the query ring's first tiles in flight together (the
+        # block's commit group first, so the first step's wait covers it); an
+        # fp8 block is staged, then widened while the ring's copies fly
+        fetch_block(kv_ptr, k_smem, v_smem, bt_row, b, g, pmax, stride_cp, stride_ckv,
+                    stride_cs, stride_ch, D, SPARSE_BLOCK, PAGE_SIZE,
+                    row_pieces_of_16_bytes(D, kv_ptr.dtype.element_ty.primitive_bitwidth,
+                                           NUM_WARPS))
+        prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
+                         G, G_PAD, TM, D, NUM_BUF, tile)
+        if SCALE_MODE != 0:
+            widen_block(kv_ptr, k_smem, v_smem, NUM_BUF - 1, SCALE_MODE,
+                        row_pieces_of_16_bytes(D, 8, NUM_WARPS))
         if see_all:
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
                             part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
@@ -192,33 +145,6 @@ def one_program(q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, pair_tok_ptr, pair_slot
                             part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
                             stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
                             NUM_BUF, mma, tile, True)
-    return held, held_pmax
-
-
-@gluon.jit
-def fetch_and_prime(kv_ptr, kvs_ptr, q_ptr, pair_tok_ptr, bt_row, q_smem, k_smem, v_smem,
-                    first, n, b, g, pmax, stride_qt, stride_qh, stride_cp, stride_ckv,
-                    stride_cs, stride_ch, stride_sp, stride_skv, stride_ss, stride_sh,
-                    G: gl.constexpr, G_PAD: gl.constexpr, TM: gl.constexpr, D: gl.constexpr,
-                    SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                    SCALE_MODE: gl.constexpr, NUM_BUF: gl.constexpr, tile: gl.constexpr):
-    """The block (keys up to ``pmax``) and the query ring's first tiles in
-    flight together, the block's commit group first so the first step's wait
-    covers it; an fp8 block is staged, then widened while the ring's copies
-    fly.  An fp8 block's per-key scales (SCALE_MODE 2) go first, into V's
-    idle upper half (its staging takes the lower)."""
-    if SCALE_MODE == 2:
-        fetch_scales(kvs_ptr, v_smem, bt_row, b, g, pmax, stride_sp, stride_skv,
-                     stride_ss, stride_sh, D, SPARSE_BLOCK, PAGE_SIZE)
-    fetch_block(kv_ptr, k_smem, v_smem, bt_row, b, g, pmax, stride_cp, stride_ckv,
-                stride_cs, stride_ch, D, SPARSE_BLOCK, PAGE_SIZE,
-                row_pieces_of_16_bytes(D, kv_ptr.dtype.element_ty.primitive_bitwidth,
-                                       NUM_WARPS))
-    prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
-                     G, G_PAD, TM, D, NUM_BUF, tile)
-    if SCALE_MODE != 0:
-        widen_block(kv_ptr, k_smem, v_smem, NUM_BUF - 1, SCALE_MODE,
-                    row_pieces_of_16_bytes(D, 8, NUM_WARPS))
 
 
 @gluon.jit
