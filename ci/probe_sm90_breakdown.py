@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Probe: where the sm_90 block-major kernel's time goes (8192-token chunk,
+the index's selections, bf16 KV), by taking one piece of each step away.
+
+Timing probes, not kernels: the Gluon kernel's source is patched into a
+temporary module of the same package (``_probe_sm90_*.py``; the repo's kernel
+is unchanged), and the attention launch runs it in place of the real one.
+Every variant but ``default`` computes wrong outputs on purpose:
+
+  nostore    the partial outputs' global stores masked off by a runtime
+             condition (``n < 0``): the math, the shared-memory round trip
+             and the stores' address math stay, no bytes leave;
+  nopartial  no partial output path at all (no round trip through shared
+             memory, no barrier, no stores; the output kept alive through a
+             zero-weighted term of the stored log-sum-exp);
+  noexp      the probabilities are the scaled scores themselves (one FMA
+             instead of ``exp2``: what the special-function unit costs);
+  nopv       no second MMA (the output is the probabilities);
+  mma_only   noexp and nopartial together: the two MMAs, the row reductions,
+             the query-row copies and the pairs' index loads.
+
+Each variant: the block-major kernel's device time (profiler, L2 flushed by a
+256 MiB write before each call) and the CUDA-graph replay of the whole prefill
+attention, timed in ``ROUNDS`` paired rounds.  Results:
+$OUT/probe_sm90_breakdown.json.  ``PROBE_CONTEXTS`` (default "8192").
+
+  PYTHONPATH=<stub vllm> python ci/probe_sm90_breakdown.py
+"""
+
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from bench_msa import (B, D, TOPK, Batch, kernel_times, load_kernels, paired_rounds,
+                       probe_setup)
+
+O_PATH = """        o_smem = q_smem.index(i % NUM_BUF)._reinterpret(gl.float16, [R, D], o_sl)
+        o_smem.store(o.to(gl.float16))
+        gl.thread_barrier()
+        o = o_smem.load(tile)
+        ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
+        gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
+                 mask=((s0 + pair_c < n) & (head_c < G))[:, None])
+"""
+LSE_STORE = "        gl.store(part_lse_ptr + ph, lse,"
+KEEP_O = "        lse = lse + gl.sum(o, axis=1) * 0.0\n"
+EXP = "        p = gl.exp2(s * qk_scale - m[:, None])\n"
+PV = """        o_tok = warpgroup_mma(p_op, v_smem, gl.zeros([R, D], gl.float32, mma), use_acc=False,
+                              is_async=True)
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
+"""
+NOPARTIAL = [(O_PATH, ""), (LSE_STORE, KEEP_O + LSE_STORE)]
+NOEXP = [(EXP, "        p = s * qk_scale - m[:, None]\n")]
+PATCHES = {
+    "nostore": [("mask=((s0 + pair_c < n) & (head_c < G))[:, None])",
+                 "mask=((s0 + pair_c < n) & (head_c < G) & (n < 0))[:, None])")],
+    "nopartial": NOPARTIAL,
+    "noexp": NOEXP,
+    "nopv": [(PV, "        o = p\n")],
+    "mma_only": NOEXP + NOPARTIAL,
+}
+
+
+def patched_sm90_kernel(attn_mod, name):
+    """The sm_90 kernel with ``PATCHES[name]`` ((old, new) source replacements,
+    each old found once) applied, from a temporary module beside the real one."""
+    pkg_dir = Path(attn_mod.__file__).parent
+    src = (pkg_dir / "sparse_attn_block_major_sm90.py").read_text()
+    for old, new in PATCHES[name]:
+        if src.count(old) != 1:
+            raise RuntimeError(f"probe patch {name!r}: {old!r} found {src.count(old)} times")
+        src = src.replace(old, new)
+    mod_name = f"_probe_sm90_{name}"
+    (pkg_dir / f"{mod_name}.py").write_text(src)
+    pkg = attn_mod.__name__.rsplit(".", 1)[0]
+    return importlib.import_module(f"{pkg}.{mod_name}").sparse_attn_block_major_sm90_kernel
+
+
+def main():
+    out_dir, dev, timer = probe_setup()
+    rounds = int(os.environ.get("ROUNDS", "7"))
+    index_block_topk, block_sparse_attention, src = load_kernels()
+    attn_mod = sys.modules[block_sparse_attention.__module__]
+    real = attn_mod.sparse_attn_block_major_sm90_kernel
+    if real is None:
+        raise SystemExit("no sm_90 kernel here (Gluon missing or not an sm_90 device)")
+    res = dict(kernels_from=src, gpu=torch.cuda.get_device_name(0),
+               commit=os.environ.get("GIT_COMMIT", "?"), rounds=rounds, contexts={})
+    for ctx in [int(c) for c in os.environ.get("PROBE_CONTEXTS", "8192").split(",")]:
+        bt = Batch([ctx], 8192, 0, dev)
+        sel = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
+                               bt.token_pos, B, TOPK, num_decode_tokens=0)
+        graphs, kernels, outs = {}, {}, {}
+        for name in ("default", *PATCHES):
+            o = torch.empty_like(bt.q)
+
+            def attn(o=o):
+                block_sparse_attention(bt.q, bt.kv, bt.block_table, bt.token_req,
+                                       bt.token_pos, sel, B, D ** -0.5, 0, bt.k_scale, bt.v_scale,
+                                       bt.kv_scales,
+                                       out=o, block_major=4)
+            attn_mod.sparse_attn_block_major_sm90_kernel = (
+                real if name == "default" else patched_sm90_kernel(attn_mod, name))
+            try:
+                o.fill_(float("nan"))
+                attn()
+                outs[name] = o.clone()
+                kt = kernel_times(attn, timer, reps=10)
+                kernels[name] = {k: v["median_us"] for k, v in kt.items()
+                                 if "block_major_sm90" in k or "merge" in k}
+                graphs[name] = timer.graph(attn)
+            finally:
+                attn_mod.sparse_attn_block_major_sm90_kernel = real
+            print(f"[probe] ctx {ctx} {name}: {kernels[name]}", flush=True)
+        res["contexts"][ctx] = dict(
+            kernels=kernels,
+            default_finite=bool(torch.isfinite(outs["default"]).all()),
+            variant_differs={k: not bool(torch.equal(v, outs["default"]))
+                             for k, v in outs.items() if k != "default"},
+            **paired_rounds(timer, graphs, rounds, base="default"))
+        print(json.dumps({k: v for k, v in res["contexts"][ctx].items() if k != "us"},
+                         indent=1), flush=True)
+        del bt
+    (out_dir / "probe_sm90_breakdown.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
