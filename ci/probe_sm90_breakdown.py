@@ -19,6 +19,12 @@ Every variant but ``default`` computes wrong outputs on purpose:
   mma_only   noexp and nopartial together: the two MMAs, the row reductions,
              the query-row copies and the pairs' index loads.
 
+And L2 policies for the partials' stores (same outputs as the default):
+``o_evict_first`` (``st.global.L1::evict_first.L2::cache_hint``, an
+evict-first policy) and ``o_streaming`` (``st.global.cs``), so that the
+512 MiB of partials streaming through L2 leave the query rows and blocks the
+steps re-read there.  ``PROBE_VARIANTS``: a comma-separated subset.
+
 Each variant: the block-major kernel's device time (profiler, L2 flushed by a
 256 MiB write before each call) and the CUDA-graph replay of the whole prefill
 attention, timed in ``ROUNDS`` paired rounds.  Results:
@@ -55,6 +61,10 @@ PV = """        o_tok = warpgroup_mma(p_op, v_smem, gl.zeros([R, D], gl.float32,
 """
 NOPARTIAL = [(O_PATH, ""), (LSE_STORE, KEEP_O + LSE_STORE)]
 NOEXP = [(EXP, "        p = s * qk_scale - m[:, None]\n")]
+O_STORE = """        gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
+                 mask=((s0 + pair_c < n) & (head_c < G))[:, None])
+"""
+O_EVICT_FIRST = [(O_STORE, O_STORE[:-2] + ", eviction_policy=\"evict_first\")\n")]
 PATCHES = {
     "nostore": [("mask=((s0 + pair_c < n) & (head_c < G))[:, None])",
                  "mask=((s0 + pair_c < n) & (head_c < G) & (n < 0))[:, None])")],
@@ -62,6 +72,11 @@ PATCHES = {
     "noexp": NOEXP,
     "nopv": [(PV, "        o = p\n")],
     "mma_only": NOEXP + NOPARTIAL,
+    # L2 policies for the partials (outputs must equal the default's); the query
+    # rows' and the block's cp.async copies take no L2 policy (Triton 3.6 drops
+    # their eviction_policy: no createpolicy in the PTX)
+    "o_evict_first": O_EVICT_FIRST,
+    "o_streaming": [(O_STORE, O_STORE[:-2] + ", cache_modifier=\".cs\")\n")],
 }
 
 
@@ -95,7 +110,8 @@ def main():
         sel = index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req,
                                bt.token_pos, B, TOPK, num_decode_tokens=0)
         graphs, kernels, outs = {}, {}, {}
-        for name in ("default", *PATCHES):
+        names = os.environ.get("PROBE_VARIANTS", ",".join(PATCHES)).split(",")
+        for name in ("default", *[n for n in names if n != "default"]):
             o = torch.empty_like(bt.q)
 
             def attn(o=o):
@@ -119,8 +135,8 @@ def main():
         res["contexts"][ctx] = dict(
             kernels=kernels,
             default_finite=bool(torch.isfinite(outs["default"]).all()),
-            variant_differs={k: not bool(torch.equal(v, outs["default"]))
-                             for k, v in outs.items() if k != "default"},
+            equals_default={k: bool(torch.equal(v, outs["default"]))
+                            for k, v in outs.items() if k != "default"},
             **paired_rounds(timer, graphs, rounds, base="default"))
         print(json.dumps({k: v for k, v in res["contexts"][ctx].items() if k != "us"},
                          indent=1), flush=True)
