@@ -53,3 +53,23 @@ def test_attention_kernels_compile_for_sm90():
            if ln.startswith("compiled sparse_attn_block_major_sm90_kernel TMA_STORE mode 0")]
     assert len(hit) == 1, res.stdout[-3000:]
     assert " 0 bytes spill stores" in lines[hit[0] - 1], lines[hit[0] - 1]
+
+
+def test_tma_partial_store_descriptor():
+    """The opt-in TMA partial stores' descriptor: ``part_o`` [T, HQ, TOPK, D] as
+    [T * HQ, TOPK * D] rows, one box per pair (its G head rows at one slot),
+    the staging tile's 128-byte swizzle; partials that are not contiguous
+    float16 are refused with the reason."""
+    import torch
+
+    from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major_sm90 import (
+        partial_store_descriptor)
+    part = torch.empty(3, 16, 4, 128, dtype=torch.float16)
+    desc = partial_store_descriptor(part, 16)
+    assert list(desc.shape) == [48, 512] and list(desc.strides) == [512, 1]
+    assert list(desc.block_shape) == [16, 128]
+    assert desc.layout.swizzle_byte_width == 128 and desc.layout.element_bitwidth == 16
+    with pytest.raises(ValueError, match="contiguous float16 partials, got torch.float32"):
+        partial_store_descriptor(part.float(), 16)
+    with pytest.raises(ValueError, match=r"strides \(8192, 128, 512, 1\)"):
+        partial_store_descriptor(part.transpose(1, 2), 16)
