@@ -4,7 +4,7 @@
 dense causal attention written in Triton reaches on this GPU.
 
 Timing probes, not kernels: the block-major kernel's source is patched into a
-temporary module of the same package (``_probe_bm_*.py``; the repo's kernel is
+temporary module of the same package (``_probe_sparse_attn_block_major_*.py``; the repo's kernel is
 unchanged) so that its partial outputs, or its query rows, stay in L2:
 
   ring<N>   partial outputs of token t stored at row ``t % N`` (N tokens of
@@ -143,20 +143,22 @@ PATCHES = {
 }
 
 
-def patched_kernel(attn_mod, name, patches=PATCHES):
-    """The block-major kernel with ``patches[name]`` ((old, new) source
-    replacements, each old found once) applied, from a temporary module beside
-    the real one (same package, same helpers)."""
+def patched_kernel(attn_mod, name, patches=PATCHES, module="sparse_attn_block_major",
+                   kernel="sparse_attn_block_major_kernel"):
+    """The kernel ``kernel`` of ``module`` (default: the block-major ``tl``
+    kernel) with ``patches[name]`` ((old, new) source replacements, each old
+    found once) applied, from a temporary module beside the real one (same
+    package, same helpers)."""
     pkg_dir = Path(attn_mod.__file__).parent
-    src = (pkg_dir / "sparse_attn_block_major.py").read_text()
+    src = (pkg_dir / f"{module}.py").read_text()
     for old, new in patches[name]:
         if src.count(old) != 1:
             raise RuntimeError(f"probe patch {name!r}: {old!r} found {src.count(old)} times")
         src = src.replace(old, new)
-    mod_name = f"_probe_bm_{name}"
+    mod_name = f"_probe_{module}_{name}"
     (pkg_dir / f"{mod_name}.py").write_text(src)
     pkg = attn_mod.__name__.rsplit(".", 1)[0]
-    return importlib.import_module(f"{pkg}.{mod_name}").sparse_attn_block_major_kernel
+    return getattr(importlib.import_module(f"{pkg}.{mod_name}"), kernel)
 
 
 def main():

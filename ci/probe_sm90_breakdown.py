@@ -3,7 +3,7 @@
 the index's selections, bf16 KV), by taking one piece of each step away.
 
 Timing probes, not kernels: the Gluon kernel's source is patched into a
-temporary module of the same package (``_probe_sm90_*.py``; the repo's kernel
+temporary module of the same package (``_probe_sparse_attn_block_major_sm90_*.py``; the repo's kernel
 is unchanged), and the attention launch runs it in place of the real one.
 Every variant but ``default`` computes wrong outputs on purpose:
 
@@ -33,24 +33,23 @@ $OUT/probe_sm90_breakdown.json.  ``PROBE_CONTEXTS`` (default "8192").
   PYTHONPATH=<stub vllm> python ci/probe_sm90_breakdown.py
 """
 
-import importlib
 import json
 import os
 import sys
-from pathlib import Path
 
 import torch
 
 from bench_msa import (B, D, TOPK, Batch, kernel_times, load_kernels, paired_rounds,
                        probe_setup)
+from probe_prefill_ceiling import patched_kernel
 
-O_PATH = """        o_smem = q_smem.index(i % NUM_BUF)._reinterpret(gl.float16, [R, D], o_sl)
-        o_smem.store(o.to(gl.float16))
-        gl.thread_barrier()
-        o = o_smem.load(tile)
-        ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
-        gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
-                 mask=((s0 + pair_c < n) & (head_c < G))[:, None])
+O_PATH = """            o_smem = q_smem.index(i % NUM_BUF)._reinterpret(gl.float16, [R, D], o_sl)
+            o_smem.store(o.to(gl.float16))
+            gl.thread_barrier()
+            o = o_smem.load(tile)
+            ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
+            gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
+                     mask=((s0 + pair_c < n) & (head_c < G))[:, None])
 """
 LSE_STORE = "        gl.store(part_lse_ptr + ph, lse,"
 KEEP_O = "        lse = lse + gl.sum(o, axis=1) * 0.0\n"
@@ -59,10 +58,10 @@ PV = """        o_tok = warpgroup_mma(p_op, v_smem, gl.zeros([R, D], gl.float32,
                               is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
 """
-NOPARTIAL = [(O_PATH, ""), (LSE_STORE, KEEP_O + LSE_STORE)]
+NOPARTIAL = [(O_PATH, "            pass\n"), (LSE_STORE, KEEP_O + LSE_STORE)]
 NOEXP = [(EXP, "        p = s * qk_scale - m[:, None]\n")]
-O_STORE = """        gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
-                 mask=((s0 + pair_c < n) & (head_c < G))[:, None])
+O_STORE = """            gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
+                     mask=((s0 + pair_c < n) & (head_c < G))[:, None])
 """
 O_EVICT_FIRST = [(O_STORE, O_STORE[:-2] + ", eviction_policy=\"evict_first\")\n")]
 PATCHES = {
@@ -78,21 +77,6 @@ PATCHES = {
     "o_evict_first": O_EVICT_FIRST,
     "o_streaming": [(O_STORE, O_STORE[:-2] + ", cache_modifier=\".cs\")\n")],
 }
-
-
-def patched_sm90_kernel(attn_mod, name):
-    """The sm_90 kernel with ``PATCHES[name]`` ((old, new) source replacements,
-    each old found once) applied, from a temporary module beside the real one."""
-    pkg_dir = Path(attn_mod.__file__).parent
-    src = (pkg_dir / "sparse_attn_block_major_sm90.py").read_text()
-    for old, new in PATCHES[name]:
-        if src.count(old) != 1:
-            raise RuntimeError(f"probe patch {name!r}: {old!r} found {src.count(old)} times")
-        src = src.replace(old, new)
-    mod_name = f"_probe_sm90_{name}"
-    (pkg_dir / f"{mod_name}.py").write_text(src)
-    pkg = attn_mod.__name__.rsplit(".", 1)[0]
-    return importlib.import_module(f"{pkg}.{mod_name}").sparse_attn_block_major_sm90_kernel
 
 
 def main():
@@ -120,7 +104,9 @@ def main():
                                        bt.kv_scales,
                                        out=o, block_major=4)
             attn_mod.sparse_attn_block_major_sm90_kernel = (
-                real if name == "default" else patched_sm90_kernel(attn_mod, name))
+                real if name == "default" else patched_kernel(
+                    attn_mod, name, PATCHES, "sparse_attn_block_major_sm90",
+                    "sparse_attn_block_major_sm90_kernel"))
             try:
                 o.fill_(float("nan"))
                 attn()
