@@ -640,7 +640,7 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # kernel (the default there), the ``tl`` kernel, and the
                                 # Gluon kernel's opt-in TMA partial stores
                                 *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
-                                   (4, n_decode, dict(sm90_tma_store=True, sm90_buffers=2)))
+                                   (4, n_decode, dict(sm90_tma_store=True)))
                                   if ON_GPU else ()),
                                 (8 if ON_GPU else 1, batch.T // 2, None))):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):

@@ -591,10 +591,12 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # context: bf16 478.7 / 572.2 us with 2 against 485.6 / 574.5 with 3; fp8 scalar
     # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7
     # against 507.8 / 614.1 (ci/results/2026-12-01-block-major-sm90-profile-h200-run44.json)
-    sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 else 3))
-    # the partials stored by TMA from a staging tile of their own (16 KiB more
-    # shared memory: with a ring of 3 one CTA per SM); opt-in, not yet timed
+    # TMA partial stores: from a staging tile of their own, 16 KiB more shared
+    # memory, so a ring of 2 in every mode keeps two CTAs per SM (with 3, one);
+    # opt-in, not yet timed
     sm90_tma_store = sm90 and bool(tune.get("sm90_tma_store", False))
+    sm90_buffers = int(tune.get("sm90_buffers",
+                                2 if kernel_mode == 0 or sm90_tma_store else 3))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
