@@ -4,8 +4,9 @@
 dense causal attention written in Triton reaches on this GPU.
 
 Timing probes, not kernels: the block-major kernel's source is patched into a
-temporary module of the same package (``_probe_sparse_attn_block_major_*.py``; the repo's kernel is
-unchanged) so that its partial outputs, or its query rows, stay in L2:
+temporary module of the same package (``_probe_sparse_attn_block_major_*.py``;
+the repo's kernel is unchanged) so that its partial outputs, or its query rows,
+stay in L2:
 
   ring<N>   partial outputs of token t stored at row ``t % N`` (N tokens of
             partials, L2-sized): the outputs are wrong, the math and the

@@ -3,8 +3,9 @@
 the index's selections, bf16 KV), by taking one piece of each step away.
 
 Timing probes, not kernels: the Gluon kernel's source is patched into a
-temporary module of the same package (``_probe_sparse_attn_block_major_sm90_*.py``; the repo's kernel
-is unchanged), and the attention launch runs it in place of the real one.
+temporary module of the same package
+(``_probe_sparse_attn_block_major_sm90_*.py``; the repo's kernel is
+unchanged), and the attention launch runs it in place of the real one.
 Every variant but ``default`` computes wrong outputs on purpose:
 
   nostore    the partial outputs' global stores masked off by a runtime
@@ -18,6 +19,13 @@ Every variant but ``default`` computes wrong outputs on purpose:
   nopv       no second MMA (the output is the probabilities);
   mma_only   noexp and nopartial together: the two MMAs, the row reductions,
              the query-row copies and the pairs' index loads.
+
+Partials kept in L2 (outputs wrong on purpose): ``ring`` stores each pair's
+partial rows at row ``% RING_ROWS`` of the partial buffer (4 MiB: the stores'
+count and addresses' shape stay, their bytes never need to reach HBM);
+``merge_l2`` has the merge read its partials from that same 4 MiB region (the
+full merge grid reading L2-resident partials); ``ring_merge_l2`` both: what a
+design whose partials never leave L2 could reach at best.
 
 And L2 policies for the partials' stores (same outputs as the default):
 ``o_evict_first`` (``st.global.L1::evict_first.L2::cache_hint``, an
@@ -43,13 +51,13 @@ from bench_msa import (B, D, TOPK, Batch, kernel_times, load_kernels, paired_rou
                        probe_setup)
 from probe_prefill_ceiling import patched_kernel
 
-O_PATH = """            o_smem = q_smem.index(i % NUM_BUF)._reinterpret(gl.float16, [R, D], o_sl)
-            o_smem.store(o.to(gl.float16))
-            gl.thread_barrier()
-            o = o_smem.load(tile)
-            ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
-            gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
-                     mask=((s0 + pair_c < n) & (head_c < G))[:, None])
+O_PATH = """        o_smem = q_smem.index(i % NUM_BUF)._reinterpret(gl.float16, [R, D], o_sl)
+        o_smem.store(o.to(gl.float16))
+        gl.thread_barrier()
+        o = o_smem.load(tile)
+        ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
+        gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
+                 mask=((s0 + pair_c < n) & (head_c < G))[:, None])
 """
 LSE_STORE = "        gl.store(part_lse_ptr + ph, lse,"
 KEEP_O = "        lse = lse + gl.sum(o, axis=1) * 0.0\n"
@@ -58,11 +66,18 @@ PV = """        o_tok = warpgroup_mma(p_op, v_smem, gl.zeros([R, D], gl.float32,
                               is_async=True)
         o = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
 """
-NOPARTIAL = [(O_PATH, "            pass\n"), (LSE_STORE, KEEP_O + LSE_STORE)]
+NOPARTIAL = [(O_PATH, ""), (LSE_STORE, KEEP_O + LSE_STORE)]
 NOEXP = [(EXP, "        p = s * qk_scale - m[:, None]\n")]
-O_STORE = """            gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
-                     mask=((s0 + pair_c < n) & (head_c < G))[:, None])
+O_STORE = """        gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
+                 mask=((s0 + pair_c < n) & (head_c < G))[:, None])
 """
+RING_ROWS = 16384  # rows of D fp16: 4 MiB
+PH_T = "        ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t\n"
+RING = [(PH_T, PH_T + f"        ph_t = ph_t % {RING_ROWS}\n")]
+MERGE_ROWS = "(row * S + offs_s[:, None]) * D_PAD"
+MERGE_PATCHES = {"merge_l2": [
+    (MERGE_ROWS, f"((row * S + offs_s[:, None]) % {RING_ROWS}) * D_PAD")]}
+MERGE_PATCHES["ring_merge_l2"] = MERGE_PATCHES["merge_l2"]
 O_EVICT_FIRST = [(O_STORE, O_STORE[:-2] + ", eviction_policy=\"evict_first\")\n")]
 PATCHES = {
     "nostore": [("mask=((s0 + pair_c < n) & (head_c < G))[:, None])",
@@ -71,6 +86,9 @@ PATCHES = {
     "noexp": NOEXP,
     "nopv": [(PV, "        o = p\n")],
     "mma_only": NOEXP + NOPARTIAL,
+    "ring": RING,
+    "merge_l2": [],
+    "ring_merge_l2": RING,
     # L2 policies for the partials (outputs must equal the default's); the query
     # rows' and the block's cp.async copies take no L2 policy (Triton 3.6 drops
     # their eviction_policy: no createpolicy in the PTX)
@@ -85,6 +103,7 @@ def main():
     index_block_topk, block_sparse_attention, src = load_kernels()
     attn_mod = sys.modules[block_sparse_attention.__module__]
     real = attn_mod.sparse_attn_block_major_sm90_kernel
+    real_merge = attn_mod.sparse_attn_merge_kernel
     if real is None:
         raise SystemExit("no sm_90 kernel here (Gluon missing or not an sm_90 device)")
     res = dict(kernels_from=src, gpu=torch.cuda.get_device_name(0),
@@ -104,9 +123,12 @@ def main():
                                        bt.kv_scales,
                                        out=o, block_major=4)
             attn_mod.sparse_attn_block_major_sm90_kernel = (
-                real if name == "default" else patched_kernel(
+                real if not PATCHES.get(name) else patched_kernel(
                     attn_mod, name, PATCHES, "sparse_attn_block_major_sm90",
                     "sparse_attn_block_major_sm90_kernel"))
+            if name in MERGE_PATCHES:
+                attn_mod.sparse_attn_merge_kernel = patched_kernel(
+                    attn_mod, name, MERGE_PATCHES, "sparse_attn_merge", "sparse_attn_merge_kernel")
             try:
                 o.fill_(float("nan"))
                 attn()
@@ -117,6 +139,7 @@ def main():
                 graphs[name] = timer.graph(attn)
             finally:
                 attn_mod.sparse_attn_block_major_sm90_kernel = real
+                attn_mod.sparse_attn_merge_kernel = real_merge
             print(f"[probe] ctx {ctx} {name}: {kernels[name]}", flush=True)
         res["contexts"][ctx] = dict(
             kernels=kernels,

@@ -18,7 +18,6 @@ assert not os.environ.get("TRITON_INTERPRET"), "run without TRITON_INTERPRET"
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
-from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from vllm.models.minimax_m3.common.triton_ops.attention import GROUP_BLOCK  # noqa: E402
@@ -61,8 +60,7 @@ def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
                else pointers.get(n, "fp32" if n == "sm_scale" else "i32"))
            for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-             if n not in constexprs and (n in ALIGNED_INTS or n in pointers
-                                         and not pointers[n].startswith("tensordesc"))}
+             if n not in constexprs and (n in pointers or n in ALIGNED_INTS)}
     source = GluonASTSource if kernel.is_gluon() else ASTSource
     compiled = triton.compile(source(fn=kernel, signature=sig, constexprs=constexprs,
                                      attrs=attrs),
@@ -207,23 +205,13 @@ def main():
                     pair_tok_ptr="*i32", pair_slot_ptr="*i32", group_start_ptr="*i32",
                     counts_ptr="*i32", tile_end_ptr="*i32", part_o_ptr="*fp16",
                     part_lse_ptr="*fp32", k_scale_ptr="*fp32", kvs_ptr="*fp32")
-        shape = dict(HQ=16, HKV=1, G=16, G_PAD=16, TM=4, CHUNK=64, D=128, TOPK=16,
-                     SPARSE_BLOCK=128, PAGE_SIZE=64, SCALE_MODE=mode, SPLIT_MASKED=True)
-        cubin = compile_kernel(sparse_attn_block_major_sm90_kernel, ptrs,
-                               dict(shape, NUM_BUF=ring, part_o_desc=None), 4)
+        cubin = compile_kernel(sparse_attn_block_major_sm90_kernel, ptrs, dict(
+            HQ=16, HKV=1, G=16, G_PAD=16, TM=4, CHUNK=64, D=128, TOPK=16, SPARSE_BLOCK=128,
+            PAGE_SIZE=64, SCALE_MODE=mode, SPLIT_MASKED=True, NUM_BUF=ring), 4)
         assert len(cubin) > 0
         print(f"compiled sparse_attn_block_major_sm90_kernel mode {mode} NUM_BUF={ring} "
               f"({len(cubin)} B cubin)", flush=True)
         done += 1
-    # ... and its opt-in TMA partial stores (``_tune={"sm90_tma_store": True}``), bf16
-    layout = gl.NVMMASharedLayout.get_default_for([16, 128], gl.float16)
-    ptrs = dict(ptrs, kv_ptr="*bf16", part_o_desc=f"tensordesc<fp16[16, 128],{layout!r}>")
-    cubin = compile_kernel(sparse_attn_block_major_sm90_kernel, ptrs, dict(
-        shape, SCALE_MODE=0, NUM_BUF=2, TMA_STORE=True), 4)
-    assert len(cubin) > 0
-    print(f"compiled sparse_attn_block_major_sm90_kernel TMA_STORE mode 0 NUM_BUF=2 "
-          f"({len(cubin)} B cubin)", flush=True)
-    done += 1
     # the decode attention that ranks its token's block scores itself (select_topk),
     # 64 blocks (8k context), 8 splits, PDL
     ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32",

@@ -637,10 +637,8 @@ def test_block_sparse_attention_block_major(case, shape):
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (2, n_decode, dict(merge_skip_empty=False)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
-                                # kernel (the default there), the ``tl`` kernel, and the
-                                # Gluon kernel's opt-in TMA partial stores
-                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
-                                   (4, n_decode, dict(sm90_tma_store=True)))
+                                # kernel (the default there), and the ``tl`` kernel
+                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)))
                                   if ON_GPU else ()),
                                 (8 if ON_GPU else 1, batch.T // 2, None))):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):

@@ -22,7 +22,6 @@ from .sparse_attn_tiled import sparse_attn_tiled_kernel
 
 try:  # Gluon (Triton's explicit-layout dialect) for the sm_90 block-major kernel
     from .sparse_attn_block_major_sm90 import (NUM_WARPS as SM90_NUM_WARPS,
-                                               partial_store_descriptor,
                                                sm90_block_major_supported,
                                                sparse_attn_block_major_sm90_kernel)
 except Exception:  # pragma: no cover - a Triton without Gluon (or its Hopper ops)
@@ -371,8 +370,7 @@ def block_sparse_attention(
         non-empty slots (default; False: every slot's, weighed by zero);
         ``sm90``: on an H100/H200, block-major runs the Gluon kernel where it
         covers the launch (default; False: the ``tl`` kernel); ``sm90_buffers``:
-        its query ring's depth; ``sm90_tma_store``: its partials stored by TMA
-        from a staging tile of their own (default False; not yet timed).
+        its query ring's depth.
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -591,12 +589,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # context: bf16 478.7 / 572.2 us with 2 against 485.6 / 574.5 with 3; fp8 scalar
     # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7
     # against 507.8 / 614.1 (ci/results/2026-12-01-block-major-sm90-profile-h200-run44.json)
-    # TMA partial stores: from a staging tile of their own, 16 KiB more shared
-    # memory, so a ring of 2 in every mode keeps two CTAs per SM (with 3, one);
-    # opt-in, not yet timed
-    sm90_tma_store = sm90 and bool(tune.get("sm90_tma_store", False))
-    sm90_buffers = int(tune.get("sm90_buffers",
-                                2 if kernel_mode == 0 or sm90_tma_store else 3))
+    sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 else 3))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -614,15 +607,14 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             sparse_attn_block_major_sm90_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
                 pair_tok, pair_slot, group_start, counts, tile_end, counts.numel(), max_blocks,
-                part_o, part_lse, ks, kvs,
-                partial_store_descriptor(part_o, G) if sm90_tma_store else None, scale,
+                part_o, part_lse, ks, kvs, scale,
                 q.stride(0), q.stride(1),
                 kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
                 sstr[0], sstr[1], sstr[2], sstr[3],
                 block_table.stride(0),
                 HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
                 SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
-                SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers, TMA_STORE=sm90_tma_store,
+                SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers,
                 num_warps=SM90_NUM_WARPS.value)
         else:
             sparse_attn_block_major_kernel[(num_tiles,)](

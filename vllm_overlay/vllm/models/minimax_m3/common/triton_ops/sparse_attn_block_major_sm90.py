@@ -41,8 +41,8 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, tma,
-                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
 from .sparse_attn_block_major import group_share, program_group
 
@@ -73,7 +73,7 @@ def sparse_attn_block_major_sm90_kernel(
     pair_tok_ptr, pair_slot_ptr,
     group_start_ptr, counts_ptr, tile_end_ptr, NG, MAX_BLOCKS,
     part_o_ptr, part_lse_ptr,
-    k_scale_ptr, kvs_ptr, part_o_desc,
+    k_scale_ptr, kvs_ptr,
     sm_scale,
     stride_qt, stride_qh,
     stride_cp, stride_ckv, stride_cs, stride_ch,
@@ -82,12 +82,11 @@ def sparse_attn_block_major_sm90_kernel(
     HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr,
     TM: gl.constexpr, CHUNK: gl.constexpr, D: gl.constexpr, TOPK: gl.constexpr,
     SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALE_MODE: gl.constexpr,
-    SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr, TMA_STORE: gl.constexpr = False,
+    SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr,
 ):
     R: gl.constexpr = TM * G_PAD
     gl.static_assert(R == 64, "one warpgroup MMA of 64 rows per step")
     gl.static_assert(D == SPARSE_BLOCK, "the block is one key tile of D keys")
-    gl.static_assert(not TMA_STORE or G == G_PAD, "a pair's TMA box is its G head rows")
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, SPARSE_BLOCK, 16])
@@ -97,11 +96,6 @@ def sparse_attn_block_major_sm90_kernel(
     q_smem = gl.allocate_shared_memory(dtype, [NUM_BUF, R, D], q_sl)
     k_smem = gl.allocate_shared_memory(dtype, [SPARSE_BLOCK, D], kv_sl)
     v_smem = gl.allocate_shared_memory(dtype, [SPARSE_BLOCK, D], kv_sl)
-    if TMA_STORE:  # the partials' staging tile, read by the TMA while the next step runs
-        o_stage = gl.allocate_shared_memory(
-            gl.float16, [R, D], gl.NVMMASharedLayout.get_default_for([R, D], gl.float16))
-    else:
-        o_stage = q_smem.index(0)
 
     prog = gl.program_id(0)
     grp = program_group(tile_end_ptr, NG, prog)
@@ -143,14 +137,14 @@ def sparse_attn_block_major_sm90_kernel(
                         row_pieces_of_16_bytes(D, 8, NUM_WARPS))
         if see_all:
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
-                            part_lse_ptr, part_o_desc, q_smem, k_smem, v_smem, o_stage,
-                            first, n, b, g, qk_scale, stride_qt, stride_qh, HQ, G, G_PAD, TM, D,
-                            TOPK, SPARSE_BLOCK, NUM_BUF, mma, tile, False, TMA_STORE)
+                            part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
+                            stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
+                            NUM_BUF, mma, tile, False)
         else:
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
-                            part_lse_ptr, part_o_desc, q_smem, k_smem, v_smem, o_stage,
-                            first, n, b, g, qk_scale, stride_qt, stride_qh, HQ, G, G_PAD, TM, D,
-                            TOPK, SPARSE_BLOCK, NUM_BUF, mma, tile, True, TMA_STORE)
+                            part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
+                            stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
+                            NUM_BUF, mma, tile, True)
 
 
 @gluon.jit
@@ -276,23 +270,19 @@ def copy_query_rows(q_ptr, dst, tok, rows_ok, qcol, offs_d, stride_qt):
 
 @gluon.jit
 def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_lse_ptr,
-                    part_o_desc, q_smem, k_smem, v_smem, o_stage, first, n, b, g, qk_scale,
+                    q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
                     stride_qt, stride_qh,
                     HQ: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr, TM: gl.constexpr,
                     D: gl.constexpr, TOPK: gl.constexpr, SPARSE_BLOCK: gl.constexpr,
                     NUM_BUF: gl.constexpr, mma: gl.constexpr, tile: gl.constexpr,
-                    MASKED: gl.constexpr, TMA_STORE: gl.constexpr):
+                    MASKED: gl.constexpr):
     """The steps of one program (see the module docstring); MASKED=False: every
     pair sees every key of the block.  Each step's partials go out as 16-byte
     pieces of rows through shared memory (the step's own query tile, free
     until the next step's refill): stored from the MMA's layout instead, 4
     bytes per thread and row piece, the kernel took 541 us against 328 (H200
     run 44, 8192-token chunk at 8k; by TMA from the tile, one box per pair:
-    344).  TMA_STORE: by TMA from a tile of their own (``o_stage``), one box
-    of ``G`` head rows per pair (``part_o_desc``); a step waits for the
-    previous step's boxes to have been read only before it overwrites the
-    tile, so the reads overlap a whole step (opt-in, not yet timed: H200 run
-    46 took the global stores away and the kernel went from 320 to 256 us)."""
+    344)."""
     R: gl.constexpr = TM * G_PAD
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
@@ -324,16 +314,8 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
     slot = gl.load(pair_slot_ptr + first + pair_r, mask=pair_r < n, other=0)
     pos = gl.load(pos_ptr + tok, mask=pair_r < n, other=-1)
     tok_n = gl.load(pair_tok_ptr + first + TM + pair_r, mask=TM + pair_r < n, other=0)
-    # the row stores' tokens and slots in the copy layout (no layout conversion);
-    # TMA_STORE: each pair's in every thread, for the boxes' coordinates
-    pairs_l: gl.constexpr = gl.BlockedLayout([TM], [32], [gl.num_warps()], [0])
-    offs_p = gl.arange(0, TM, layout=pairs_l)
-    if TMA_STORE:
-        tok_t = gl.load(pair_tok_ptr + first + offs_p, mask=offs_p < n, other=0)
-        slot_t = gl.load(pair_slot_ptr + first + offs_p, mask=offs_p < n, other=0)
-    else:
-        tok_t = gl.load(pair_tok_ptr + first + pair_c, mask=pair_c < n, other=0)
-        slot_t = gl.load(pair_slot_ptr + first + pair_c, mask=pair_c < n, other=0)
+    tok_t = gl.load(pair_tok_ptr + first + pair_c, mask=pair_c < n, other=0)
+    slot_t = gl.load(pair_slot_ptr + first + pair_c, mask=pair_c < n, other=0)
 
     for i in range(nsteps):
         s0 = i * TM
@@ -354,14 +336,9 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
         pos_n = gl.load(pos_ptr + tok_n, mask=nvalid, other=-1)
         tok_nn = gl.load(pair_tok_ptr + first + s0 + 2 * TM + pair_r,
                          mask=s0 + 2 * TM + pair_r < n, other=0)
-        if TMA_STORE:
-            pvalid = s0 + TM + offs_p < n
-            tok_t_n = gl.load(pair_tok_ptr + first + s0 + TM + offs_p, mask=pvalid, other=0)
-            slot_t_n = gl.load(pair_slot_ptr + first + s0 + TM + offs_p, mask=pvalid, other=0)
-        else:
-            tvalid = s0 + TM + pair_c < n
-            tok_t_n = gl.load(pair_tok_ptr + first + s0 + TM + pair_c, mask=tvalid, other=0)
-            slot_t_n = gl.load(pair_slot_ptr + first + s0 + TM + pair_c, mask=tvalid, other=0)
+        tvalid = s0 + TM + pair_c < n
+        tok_t_n = gl.load(pair_tok_ptr + first + s0 + TM + pair_c, mask=tvalid, other=0)
+        slot_t_n = gl.load(pair_slot_ptr + first + s0 + TM + pair_c, mask=tvalid, other=0)
 
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
         if MASKED:
@@ -382,28 +359,13 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
         # part_o [T, HQ, TOPK, D], part_lse [T, HQ, TOPK]
         ph = (tok.to(gl.int64) * HQ + heads) * TOPK + slot
         gl.store(part_lse_ptr + ph, lse, mask=(s0 + pair_r < n) & (head_r < G))
-        if TMA_STORE:
-            # the previous step's boxes have been read (by the thread that sent
-            # them; the barrier tells the others) before the tile is overwritten
-            tma.store_wait(0)
-            gl.thread_barrier()
-            o_stage.store(o.to(gl.float16))
-            fence_async_shared()
-            gl.thread_barrier()
-            for p in gl.static_range(TM):
-                if s0 + p < n:
-                    tma.async_copy_shared_to_global(
-                        part_o_desc, [pick(tok_t, offs_p, p) * HQ + g * G,
-                                      pick(slot_t, offs_p, p) * D],
-                        o_stage.slice(p * G_PAD, G_PAD))
-        else:
-            o_smem = q_smem.index(i % NUM_BUF)._reinterpret(gl.float16, [R, D], o_sl)
-            o_smem.store(o.to(gl.float16))
-            gl.thread_barrier()
-            o = o_smem.load(tile)
-            ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
-            gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
-                     mask=((s0 + pair_c < n) & (head_c < G))[:, None])
+        o_smem = q_smem.index(i % NUM_BUF)._reinterpret(gl.float16, [R, D], o_sl)
+        o_smem.store(o.to(gl.float16))
+        gl.thread_barrier()
+        o = o_smem.load(tile)
+        ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
+        gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
+                 mask=((s0 + pair_c < n) & (head_c < G))[:, None])
         tok = tok_n
         slot = slot_n
         pos = pos_n
@@ -411,14 +373,6 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
         tok_t = tok_t_n
         slot_t = slot_t_n
     async_copy.wait_group(0)
-    if TMA_STORE:
-        tma.store_wait(0)
-
-
-@gluon.jit
-def pick(v, offs, p: gl.constexpr):
-    """Element ``p`` of ``v`` [TM] (every thread holds all of it) as a scalar."""
-    return gl.sum(gl.where(offs == p, v, 0), axis=0)
 
 
 @gluon.jit
@@ -444,19 +398,4 @@ def sm90_block_major_supported(q: torch.Tensor, kernel_mode: int, D: int, sparse
             and D == sparse_block == 128 and G == G_PAD == 16 and pairs == 4)
 
 
-def partial_store_descriptor(part_o: torch.Tensor, G: int):
-    """The TMA descriptor of TMA_STORE: ``part_o`` [T, HQ, TOPK, D] (contiguous
-    fp16) as [T * HQ, TOPK * D], one box per pair: its ``G`` head rows of one
-    KV head at one slot."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    T, HQ, TOPK, D = part_o.shape
-    if part_o.dtype != torch.float16 or not part_o.is_contiguous():
-        raise ValueError(f"TMA partial stores need contiguous float16 partials, got "
-                         f"{part_o.dtype} with strides {part_o.stride()}")
-    rows = part_o.view(T * HQ, TOPK * D)
-    return TensorDescriptor(rows, [T * HQ, TOPK * D], [TOPK * D, 1], [G, D],
-                            gl.NVMMASharedLayout.get_default_for([G, D], gl.float16))
-
-
-__all__ = ["NUM_WARPS", "partial_store_descriptor", "sm90_block_major_supported",
-           "sparse_attn_block_major_sm90_kernel"]
+__all__ = ["NUM_WARPS", "sm90_block_major_supported", "sparse_attn_block_major_sm90_kernel"]
