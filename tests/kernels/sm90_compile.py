@@ -231,6 +231,8 @@ def main():
                 pair_tok_ptr="*i32", pair_slot_ptr="*i32")
     for kernel, extra in ((block_major_rank_kernel, dict(AGGREGATE=True, SPLIT_MASKED=True,
                                                          SPARSE_BLOCK=128)),
+                          (block_major_rank_kernel, dict(AGGREGATE=True, SPLIT_MASKED=True,
+                                                         SPARSE_BLOCK=128, SLICED=True)),
                           (block_major_rank_kernel, dict(AGGREGATE=False)),
                           (block_major_scatter_kernel, {})):
         cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=GROUP_BLOCK, **extra), 4)

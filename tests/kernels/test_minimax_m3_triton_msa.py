@@ -636,9 +636,13 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # the merge reading every slot's partial, empty ones too
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (2, n_decode, dict(merge_skip_empty=False)),
+                                # the programs ordered by three slices of the tokens
+                                (2, n_decode, dict(token_slices=3)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
-                                # kernel (the default there), and the ``tl`` kernel
-                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)))
+                                # kernel (the default there), the ``tl`` kernel, and the
+                                # Gluon kernel's programs ordered by token slices
+                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
+                                   (4, n_decode, dict(token_slices=3)))
                                   if ON_GPU else ()),
                                 (8 if ON_GPU else 1, batch.T // 2, None))):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
@@ -665,9 +669,10 @@ def test_block_sparse_attention_block_major(case, shape):
                               f"start {start} tune {tune}] {m}")
 
 
-@pytest.mark.parametrize("aggregate,group_block,split", [(True, 1024, True), (True, 64, False),
-                                                         (False, 1024, False), (False, 64, True)])
-def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):
+@pytest.mark.parametrize("aggregate,group_block,split,slices",
+                         [(True, 1024, True, 1), (True, 64, False, 1), (False, 1024, False, 1),
+                          (False, 64, True, 1), (True, 64, True, 3), (False, 1024, False, 2)])
+def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split, slices):
     """The device-side grouping (a counting sort): every valid (token, slot)
     pair lands exactly once in the segment of its (request, KV head, block)
     group, the per-group program counts add up, and the static program count
@@ -675,7 +680,8 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):
     program (``aggregate``) or once per pair, in one program or several (the
     last one partly past the pairs); with ``split`` (``token_pos`` given) each
     group in two, the pairs whose token does not see the block's last key in
-    the odd one."""
+    the odd one; with ``slices`` the tokens in that many slices, slice
+    outermost in the group numbering (so a slice's programs come first)."""
     from vllm.models.minimax_m3.common.triton_ops.attention import block_major_tiles
     _seed()
     T, Hkv, topk, R, max_blocks, TM, SB = 37, 2, 5, 3, 9, 4, 4
@@ -690,15 +696,17 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):
         x.cpu() if isinstance(x, torch.Tensor) else x
         for x in block_major_tiles(req, sel, R, max_blocks, TM, aggregate=aggregate,
                                    group_block=group_block,
-                                   token_pos=pos if split else None, sparse_block=SB))
+                                   token_pos=pos if split else None, sparse_block=SB,
+                                   token_slices=slices))
     req, sel, pos = req.cpu(), sel.cpu(), pos.cpu()
     want = {}
+    slice_tokens = -(-T // slices)
     for t in range(T):
         for h in range(Hkv):
             for s in range(topk):
                 b = int(sel[t, h, s])
                 if b >= 0:
-                    key = (int(req[t]) * Hkv + h) * max_blocks + b
+                    key = ((t // slice_tokens * R + int(req[t])) * Hkv + h) * max_blocks + b
                     if split:
                         key = 2 * key + int(int(pos[t]) < b * SB + SB - 1)
                     want.setdefault(key, []).append((t, s))
@@ -706,7 +714,10 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):
     assert int(counts.max()) > TM
     if split:  # both halves hold pairs
         assert {k % 2 for k in want} == {0, 1}
-    assert counts.numel() == R * Hkv * max_blocks * (2 if split else 1)
+    if slices > 1:  # every slice holds pairs
+        per_slice = R * Hkv * max_blocks * (2 if split else 1)
+        assert {k // per_slice for k in want} == set(range(slices))
+    assert counts.numel() == R * Hkv * max_blocks * (2 if split else 1) * slices
     for key in range(counts.numel()):
         got = [(int(pair_tok[p]), int(pair_slot[p]))
                for p in range(int(start[key]), int(start[key]) + int(counts[key]))]
@@ -727,6 +738,8 @@ def test_block_major_bad_input():
         block_sparse_attention(*args, block_major=3)
     with pytest.raises(ValueError, match="pick one"):
         block_sparse_attention(*args, block_major=4, token_tile=4)
+    with pytest.raises(ValueError, match="token_slices must be at least 1"):
+        block_sparse_attention(*args, block_major=4, _tune=dict(token_slices=0))
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))

@@ -224,13 +224,18 @@ def default_prefill_layout(num_prefill_tokens: int, max_context: int, sparse_blo
 def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
                       max_blocks: int, pairs_per_tile: int, aggregate: bool = True,
                       group_block: int = GROUP_BLOCK, token_pos: torch.Tensor | None = None,
-                      sparse_block: int = 0, group_warps: int = 4):
+                      sparse_block: int = 0, group_warps: int = 4, token_slices: int = 1):
     """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
     (request, KV head, block) on the device, without host syncs
     (``block_major_group``: a counting sort in two launches).  With
     ``token_pos`` (and ``sparse_block``) each group is split in two: group
     ``2 * key + masked`` holds the pairs whose token does not see the whole
-    block (``masked``), so the rest need no causal mask.
+    block (``masked``), so the rest need no causal mask.  ``token_slices``: the
+    chunk's tokens in that many slices of ``cdiv(T, token_slices)``, the groups
+    of slice ``i`` numbered ``i * groups_per_slice + key`` (slices outermost: a
+    slice's programs all come before the next slice's; the kernels read a
+    group's block and KV head modulo ``MAX_BLOCKS`` and ``HKV``, its request
+    from its first pair, so the numbering is theirs unchanged).
 
     Returns int32 tensors (pair_tok, pair_slot) [P] sorted by group,
     (group_start, counts, tile_end) [NG] per group (``tile_end``: inclusive
@@ -247,7 +252,11 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     split = token_pos is not None
     if split and sparse_block <= 0:
         raise ValueError("block_major_tiles: token_pos needs the sparse_block size")
-    NG = num_reqs * HKV * max_blocks * (2 if split else 1)
+    if token_slices < 1:
+        raise ValueError(f"block_major_tiles: token_slices must be at least 1, got "
+                         f"{token_slices}")
+    groups_per_slice = num_reqs * HKV * max_blocks
+    NG = groups_per_slice * token_slices * (2 if split else 1)
     if NG + P >= 2 ** 31:
         raise ValueError(f"block_major: {num_reqs} requests x {HKV} KV heads x {max_blocks} "
                          "blocks overflow int32 group ids; use token_tile or the per-token path")
@@ -260,7 +269,8 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
         counts, P, topk_blocks.stride(0), topk_blocks.stride(1),
         HKV=HKV, TOPK=TOPK, MAX_BLOCKS=max_blocks, NG=NG, BLOCK=group_block,
         AGGREGATE=aggregate, SPLIT_MASKED=split, SPARSE_BLOCK=max(1, sparse_block),
-        num_warps=group_warps)
+        SLICED=token_slices > 1, slice_tokens=cdiv(T, token_slices),
+        groups_per_slice=groups_per_slice, num_warps=group_warps)
     group_start = torch.cumsum(counts, 0, dtype=torch.int32) - counts
     tile_end = torch.cumsum(torch.div(counts + pairs_per_tile - 1, pairs_per_tile,
                                       rounding_mode="floor"), 0, dtype=torch.int32)
@@ -370,7 +380,8 @@ def block_sparse_attention(
         non-empty slots (default; False: every slot's, weighed by zero);
         ``sm90``: on an H100/H200, block-major runs the Gluon kernel where it
         covers the launch (default; False: the ``tl`` kernel); ``sm90_buffers``:
-        its query ring's depth.
+        its query ring's depth; ``token_slices``: block-major's programs ordered
+        by that many slices of the tokens (default 1; the same outputs).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -590,6 +601,10 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7
     # against 507.8 / 614.1 (ci/results/2026-12-01-block-major-sm90-profile-h200-run44.json)
     sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 else 3))
+    # the programs ordered by token slice (``token_slices`` slices of each launch's
+    # tokens; the same outputs): what a merge overlapped with the kernel needs, the
+    # tokens of a slice complete before the next slice's programs run
+    token_slices = int(tune.get("token_slices", 1))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -599,7 +614,8 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             aggregate=bool(tune.get("aggregate_ranks", True)),
             group_block=int(tune.get("group_block", GROUP_BLOCK)),
             group_warps=int(tune.get("group_warps", 4)),
-            token_pos=pos_s if split_masked else None, sparse_block=sparse_block)
+            token_pos=pos_s if split_masked else None, sparse_block=sparse_block,
+            token_slices=token_slices)
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)
