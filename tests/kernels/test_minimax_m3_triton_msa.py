@@ -636,13 +636,18 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # the merge reading every slot's partial, empty ones too
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (2, n_decode, dict(merge_skip_empty=False)),
-                                # the programs ordered by three slices of the tokens
+                                # the programs ordered by three slices of the tokens;
+                                # and each slice merged beside the kernel once done
                                 (2, n_decode, dict(token_slices=3)),
+                                (2, n_decode, dict(token_slices=3, overlap_merge=True)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
                                 # kernel (the default there), the ``tl`` kernel, and the
                                 # Gluon kernel's programs ordered by token slices
                                 *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
-                                   (4, n_decode, dict(token_slices=3)))
+                                   (4, n_decode, dict(token_slices=3)),
+                                   (4, n_decode, dict(token_slices=3, overlap_merge=True)),
+                                   (4, n_decode, dict(token_slices=2, overlap_merge=True,
+                                                      merge_programs_per_sm=1)))
                                   if ON_GPU else ()),
                                 (8 if ON_GPU else 1, batch.T // 2, None))):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
@@ -740,6 +745,8 @@ def test_block_major_bad_input():
         block_sparse_attention(*args, block_major=4, token_tile=4)
     with pytest.raises(ValueError, match="token_slices must be at least 1"):
         block_sparse_attention(*args, block_major=4, _tune=dict(token_slices=0))
+    with pytest.raises(ValueError, match="overlap_merge needs token_slices of at least 2"):
+        block_sparse_attention(*args, block_major=4, _tune=dict(overlap_merge=True))
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))

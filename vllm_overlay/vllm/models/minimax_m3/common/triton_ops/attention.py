@@ -9,6 +9,8 @@ the partial results by log-sum-exp; the split count depends only on static
 sizes (CUDA-graph capturable, no host syncs).
 """
 
+import contextlib
+
 import torch
 
 from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_table,
@@ -17,7 +19,7 @@ from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_tabl
 from .block_major_group import block_major_rank_kernel, block_major_scatter_kernel
 from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
-from .sparse_attn_merge import sparse_attn_merge_kernel
+from .sparse_attn_merge import sparse_attn_merge_kernel, sparse_attn_merge_slices_kernel
 from .sparse_attn_tiled import sparse_attn_tiled_kernel
 
 try:  # Gluon (Triton's explicit-layout dialect) for the sm_90 block-major kernel
@@ -381,7 +383,11 @@ def block_sparse_attention(
         ``sm90``: on an H100/H200, block-major runs the Gluon kernel where it
         covers the launch (default; False: the ``tl`` kernel); ``sm90_buffers``:
         its query ring's depth; ``token_slices``: block-major's programs ordered
-        by that many slices of the tokens (default 1; the same outputs).
+        by that many slices of the tokens (default 1; the same outputs);
+        ``overlap_merge`` (with ``token_slices`` of at least 2): the merge beside
+        the kernel, each slice merged once the kernel's programs of it are done
+        (``sparse_attn_merge_slices_kernel``; ``merge_programs_per_sm``, default
+        4, one warp each; the same outputs).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -605,6 +611,13 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # tokens; the same outputs): what a merge overlapped with the kernel needs, the
     # tokens of a slice complete before the next slice's programs run
     token_slices = int(tune.get("token_slices", 1))
+    # the merge overlapped with the kernel (``overlap_merge``): a bounded grid
+    # beside the kernel, on a side stream on a GPU, merging each token slice once
+    # the kernel's programs of that slice have counted themselves done
+    overlap = bool(tune.get("overlap_merge", False))
+    if overlap and token_slices < 2:
+        raise ValueError(f"overlap_merge needs token_slices of at least 2, got {token_slices}")
+    merge_programs = num_sms(q.device) * int(tune.get("merge_programs_per_sm", 4))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -619,6 +632,14 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)
+        count_done = {}
+        if overlap:
+            count_done = dict(done_ptr=torch.zeros(token_slices, dtype=torch.int32,
+                                                   device=q.device),
+                              groups_per_slice=counts.numel() // token_slices)
+            side = overlap_stream(q.device)
+            if side is not None:  # the merge may start with the kernel, not after it
+                side.wait_stream(torch.cuda.current_stream(q.device))
         if sm90:
             sparse_attn_block_major_sm90_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
@@ -631,7 +652,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
                 SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
                 SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers,
-                num_warps=SM90_NUM_WARPS.value)
+                num_warps=SM90_NUM_WARPS.value, **count_done)
         else:
             sparse_attn_block_major_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
@@ -660,8 +681,13 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
                 # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
                 # ci/results/2026-11-30-block-major-sweep5-h200-run10.json
-                num_stages=tune.get("num_stages", 1),
+                num_stages=tune.get("num_stages", 1), **count_done,
             )
+        if overlap:
+            _overlapped_merge(part_o, part_lse, out_s, vs if v_in_merge else part_lse,
+                              count_done, tile_end, token_slices, merge_programs, v_in_merge,
+                              bool(tune.get("merge_skip_empty", True)))
+            continue
         # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
         # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4.  Empty slots'
         # partials not read (``merge_skip_empty``): run 42, 8192-token chunk at 8k (its
@@ -674,6 +700,46 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             V_SCALE=v_in_merge, SKIP_EMPTY=bool(tune.get("merge_skip_empty", True)),
             num_warps=tune.get("merge_warps", 1),
         )
+
+
+
+_OVERLAP_STREAMS: dict = {}
+
+
+def overlap_stream(device: torch.device):
+    """The side stream of ``overlap_merge`` on a GPU (one per device); None
+    off-GPU, where the merge runs after the kernel (the interpreter runs a
+    launch's programs to the end before the next launch)."""
+    if device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _OVERLAP_STREAMS:
+        _OVERLAP_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _OVERLAP_STREAMS[idx]
+
+
+def _overlapped_merge(part_o, part_lse, out_s, v_scale, count_done, tile_end, slices,
+                      programs, v_in_merge, skip_empty):
+    """``sparse_attn_merge_slices_kernel`` over the partials the block-major
+    launch just queued writes: on the side stream (which already waited for
+    the work before that launch), joined back into the current stream; one
+    warp per program, ``programs`` of them (a few per SM: the kernel's programs
+    keep their room)."""
+    n, HQ, topk, D_PAD = part_o.shape
+    D = out_s.shape[2]
+    side = overlap_stream(part_o.device)
+    main = torch.cuda.current_stream(part_o.device) if side is not None else None
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        sparse_attn_merge_slices_kernel[(programs,)](
+            part_o, part_lse, out_s, v_scale, count_done["done_ptr"], tile_end,
+            out_s.stride(0), out_s.stride(1), n, slices, cdiv(n, slices),
+            count_done["groups_per_slice"],
+            HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
+            V_SCALE=v_in_merge, SKIP_EMPTY=skip_empty, num_warps=1)
+    if side is not None:
+        # later work on the current stream (and the partials' reuse by the
+        # allocator, which follows it) waits for the merge
+        main.wait_stream(side)
 
 
 __all__ = ["block_major_tiles", "block_sparse_attention", "default_key_split",
