@@ -747,6 +747,9 @@ def test_block_major_bad_input():
         block_sparse_attention(*args, block_major=4, _tune=dict(token_slices=0))
     with pytest.raises(ValueError, match="overlap_merge needs token_slices of at least 2"):
         block_sparse_attention(*args, block_major=4, _tune=dict(overlap_merge=True))
+    with pytest.raises(ValueError, match="merge_programs_per_sm must be in 1..16"):
+        block_sparse_attention(*args, block_major=4, _tune=dict(
+            token_slices=2, overlap_merge=True, merge_programs_per_sm=17))
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))

@@ -617,7 +617,12 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     overlap = bool(tune.get("overlap_merge", False))
     if overlap and token_slices < 2:
         raise ValueError(f"overlap_merge needs token_slices of at least 2, got {token_slices}")
-    merge_programs = num_sms(q.device) * int(tune.get("merge_programs_per_sm", 4))
+    # at most 16 one-warp programs of 64 registers per SM leave every SM room for an
+    # attention program (sm_90: 255 x 128 registers of 65536), so the waits end
+    merge_per_sm = int(tune.get("merge_programs_per_sm", 4))
+    if overlap and not 1 <= merge_per_sm <= 16:
+        raise ValueError(f"merge_programs_per_sm must be in 1..16, got {merge_per_sm}")
+    merge_programs = num_sms(q.device) * merge_per_sm
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
