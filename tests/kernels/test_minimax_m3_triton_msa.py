@@ -642,9 +642,8 @@ def test_block_sparse_attention_block_major(case, shape):
                                 (2, n_decode, dict(token_slices=3, overlap_merge=True)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
                                 # kernel (the default there), the ``tl`` kernel, and the
-                                # Gluon kernel's programs ordered by token slices
+                                # Gluon kernel's token slices merged beside it
                                 *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
-                                   (4, n_decode, dict(token_slices=3)),
                                    (4, n_decode, dict(token_slices=3, overlap_merge=True)),
                                    (4, n_decode, dict(token_slices=2, overlap_merge=True,
                                                       merge_programs_per_sm=1)))
@@ -750,6 +749,23 @@ def test_block_major_bad_input():
     with pytest.raises(ValueError, match="merge_programs_per_sm must be in 1..16"):
         block_sparse_attention(*args, block_major=4, _tune=dict(
             token_slices=2, overlap_merge=True, merge_programs_per_sm=17))
+
+
+@pytest.mark.parametrize("merge_per_sm", [1, 2, 4, 16])
+def test_sm90_regs_beside_the_overlapped_merge(merge_per_sm):
+    """The Gluon kernel's register bound under ``overlap_merge``: two programs
+    of 128 threads and the merge's one-warp programs fit an SM's 65536
+    registers, and the bound is the largest multiple of 8 that does."""
+    from vllm.models.minimax_m3.common.triton_ops.attention import (MERGE_SLICES_REGS,
+                                                                    sm90_regs_beside)
+    regs = sm90_regs_beside(merge_per_sm, MERGE_SLICES_REGS)
+    assert regs % 8 == 0
+
+    def used(r):
+        return 2 * 128 * r + merge_per_sm * 32 * MERGE_SLICES_REGS
+
+    assert used(regs) <= 65536 < used(regs + 8)
+    assert sm90_regs_beside(0, MERGE_SLICES_REGS) == 255  # nothing beside: ptxas's cap
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))

@@ -387,7 +387,9 @@ def block_sparse_attention(
         ``overlap_merge`` (with ``token_slices`` of at least 2): the merge beside
         the kernel, each slice merged once the kernel's programs of it are done
         (``sparse_attn_merge_slices_kernel``; ``merge_programs_per_sm``, default
-        4, one warp each; the same outputs).
+        4, one warp each; the same outputs; ``sm90_maxnreg``: the Gluon
+        kernel's registers per thread, default all it wants, with
+        ``overlap_merge`` what leaves two programs per SM beside the merge's).
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -623,6 +625,13 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     if overlap and not 1 <= merge_per_sm <= 16:
         raise ValueError(f"merge_programs_per_sm must be in 1..16, got {merge_per_sm}")
     merge_programs = num_sms(q.device) * merge_per_sm
+    # the Gluon kernel's registers per thread: unbounded (255) it takes all 65536 of
+    # an SM's registers in two programs of 128 threads, so one overlapped merge
+    # warp (64 registers) left one program per SM; bounded, two still fit beside
+    # ``merge_per_sm`` of them (sm_90 ptxas: 4 bytes spilled at 248 down to 224)
+    sm90_maxnreg = tune.get("sm90_maxnreg",
+                            sm90_regs_beside(merge_per_sm, MERGE_SLICES_REGS)
+                            if overlap else None)
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -657,7 +666,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
                 SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
                 SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers,
-                num_warps=SM90_NUM_WARPS.value, **count_done)
+                num_warps=SM90_NUM_WARPS.value, maxnreg=sm90_maxnreg, **count_done)
         else:
             sparse_attn_block_major_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
@@ -706,6 +715,18 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             num_warps=tune.get("merge_warps", 1),
         )
 
+
+# registers per thread of sparse_attn_merge_slices_kernel (one warp; sm_90 ptxas)
+MERGE_SLICES_REGS = 64
+
+
+def sm90_regs_beside(merge_programs_per_sm: int, merge_regs: int, programs: int = 2,
+                     threads: int = 128, sm_regs: int = 65536) -> int:
+    """The most registers per thread (a multiple of 8, ptxas's unit) with which
+    ``programs`` Gluon programs of ``threads`` threads fit one SM beside
+    ``merge_programs_per_sm`` one-warp merge programs of ``merge_regs``."""
+    free = sm_regs - merge_programs_per_sm * 32 * merge_regs
+    return min(255, free // (programs * threads) // 8 * 8)
 
 
 _OVERLAP_STREAMS: dict = {}
