@@ -10,6 +10,7 @@ sizes (CUDA-graph capturable, no host syncs).
 """
 
 import contextlib
+import functools
 
 import torch
 
@@ -652,8 +653,16 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                                                    device=q.device),
                               groups_per_slice=counts.numel() // token_slices)
             side = overlap_stream(q.device)
-            if side is not None:  # the merge may start with the kernel, not after it
+            merge = functools.partial(
+                _overlapped_merge, part_o, part_lse, out_s, vs if v_in_merge else part_lse,
+                count_done, tile_end, token_slices, merge_programs, v_in_merge,
+                bool(tune.get("merge_skip_empty", True)))
+            if side is not None:
+                # the merge's programs launched first, so that they are resident
+                # beside the kernel's (a launch after them would wait for the kernel's
+                # last programs to be issued: H200 run 48, merge after the kernel)
                 side.wait_stream(torch.cuda.current_stream(q.device))
+                merge()
         if sm90:
             sparse_attn_block_major_sm90_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
@@ -698,9 +707,12 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 num_stages=tune.get("num_stages", 1), **count_done,
             )
         if overlap:
-            _overlapped_merge(part_o, part_lse, out_s, vs if v_in_merge else part_lse,
-                              count_done, tile_end, token_slices, merge_programs, v_in_merge,
-                              bool(tune.get("merge_skip_empty", True)))
+            if side is None:  # the interpreter: after the kernel's programs
+                merge()
+            else:
+                # later work on the current stream (and the partials' reuse by
+                # the allocator, which follows it) waits for the merge
+                torch.cuda.current_stream(q.device).wait_stream(side)
             continue
         # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
         # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4.  Empty slots'
@@ -746,15 +758,14 @@ def overlap_stream(device: torch.device):
 
 def _overlapped_merge(part_o, part_lse, out_s, v_scale, count_done, tile_end, slices,
                       programs, v_in_merge, skip_empty):
-    """``sparse_attn_merge_slices_kernel`` over the partials the block-major
-    launch just queued writes: on the side stream (which already waited for
-    the work before that launch), joined back into the current stream; one
-    warp per program, ``programs`` of them (a few per SM: the kernel's programs
-    keep their room)."""
+    """``sparse_attn_merge_slices_kernel`` over the partials of the block-major
+    launch: on a GPU on the side stream (which already waited for the work
+    before that launch; the caller joins it back), else on the current stream;
+    one warp per program, ``programs`` of them (a few per SM: the kernel's
+    programs keep their room)."""
     n, HQ, topk, D_PAD = part_o.shape
     D = out_s.shape[2]
     side = overlap_stream(part_o.device)
-    main = torch.cuda.current_stream(part_o.device) if side is not None else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         sparse_attn_merge_slices_kernel[(programs,)](
             part_o, part_lse, out_s, v_scale, count_done["done_ptr"], tile_end,
@@ -762,10 +773,6 @@ def _overlapped_merge(part_o, part_lse, out_s, v_scale, count_done, tile_end, sl
             count_done["groups_per_slice"],
             HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
             V_SCALE=v_in_merge, SKIP_EMPTY=skip_empty, num_warps=1)
-    if side is not None:
-        # later work on the current stream (and the partials' reuse by the
-        # allocator, which follows it) waits for the merge
-        main.wait_stream(side)
 
 
 __all__ = ["block_major_tiles", "block_sparse_attention", "default_key_split",
