@@ -1468,7 +1468,8 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
     "0"): the KV modes profiled (0 bf16, 1 fp8 scalar, 2 fp8 per-token-head;
     the fp8 ones with the default launch only), each on the bf16 batch's
     selections, so that all modes do the same work; ``PROFILE_CONTEXTS``
-    (default "8192,32768"); ``PROFILE_TUNES``: more bf16 variants,
+    (default "8192,32768"); ``PROFILE_DEFAULT_ONLY=1``: of the fixed bf16
+    variants the default only; ``PROFILE_TUNES``: more bf16 variants,
     "name:json _tune" joined by ";"; ``PROFILE_FP8_TUNES``: the same for the
     fp8 modes."""
     out = []
@@ -1488,8 +1489,10 @@ def sweep_prefill_attn_profile(timer, dev, index_block_topk, block_sparse_attent
         o = torch.empty_like(bt.q)
         for kv_mode in modes:
             kb = bt if kv_mode == 0 else bt.with_kv_mode(kv_mode)
-            variants = ((("default", None), ("pb64", dict(partial_bytes=64 << 20)),
-                         ("per_pair_ranks", dict(aggregate_ranks=False)), *extra)
+            fixed = (() if os.environ.get("PROFILE_DEFAULT_ONLY") == "1" else
+                     (("pb64", dict(partial_bytes=64 << 20)),
+                      ("per_pair_ranks", dict(aggregate_ranks=False))))
+            variants = ((("default", None), *fixed, *extra)
                         if kv_mode == 0 else (("default", None), *extra_fp8))
             first = None
             for name, tune in variants:
