@@ -32,7 +32,7 @@ from vllm.models.minimax_m3.common.triton_ops.index_topk_select import (  # noqa
 from vllm.models.minimax_m3.common.triton_ops.score_attend_decode import (  # noqa: E402
     score_attend_block_kernel, score_attend_merge_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_merge import (  # noqa: E402
-    sparse_attn_merge_kernel, sparse_attn_merge_slices_kernel)
+    sparse_attn_merge_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major import (  # noqa: E402
     sparse_attn_block_major_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major_sm90 import (  # noqa: E402
@@ -54,11 +54,8 @@ ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_cp", "stride_ckv", "stride_cs"
 
 def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
     # constexpr parameters left out take their defaults, as at a launch
-    # as are the optional arguments that default to None (a launch leaving them
-    # out passes None, a constexpr)
     constexprs = dict({p.name: p.default for p in kernel.params
-                       if p.has_default and (p.is_constexpr or p.default is None)},
-                      **constexprs)
+                       if p.is_constexpr and p.has_default}, **constexprs)
     sig = {n: ("constexpr" if n in constexprs
                else pointers.get(n, "fp32" if n == "sm_scale" else "i32"))
            for n in kernel.arg_names}
@@ -215,27 +212,6 @@ def main():
         print(f"compiled sparse_attn_block_major_sm90_kernel mode {mode} NUM_BUF={ring} "
               f"({len(cubin)} B cubin)", flush=True)
         done += 1
-    # ``overlap_merge``: the block-major kernels counting their programs done per token
-    # slice (bf16, the engine's launch shapes), and the merge that waits for them
-    count = dict(done_ptr="*i32", groups_per_slice="i32")
-    cubin = compile_kernel(sparse_attn_block_major_sm90_kernel, dict(ptrs, **count), dict(
-        HQ=16, HKV=1, G=16, G_PAD=16, TM=4, CHUNK=64, D=128, TOPK=16, SPARSE_BLOCK=128,
-        PAGE_SIZE=64, SCALE_MODE=0, SPLIT_MASKED=True, NUM_BUF=2), 4)
-    assert len(cubin) > 0
-    tl_ptrs = dict(ptrs, kv_ptr="*bf16", v_scale_ptr="*fp32", **count)
-    cubin = compile_kernel(sparse_attn_block_major_kernel, tl_ptrs, dict(
-        HQ=16, HKV=1, G=16, G_PAD=16, TM=4, CHUNK=64, D=128, D_PAD=128, TOPK=16,
-        SPARSE_BLOCK=128, BLOCK_N=128, PAGE_SIZE=64, SCALE_MODE=0, IEEE=False, FP16_MMA=False,
-        PREFETCH_PAIRS=True, SPLIT_MASKED=True), 4, 1)
-    assert len(cubin) > 0
-    cubin = compile_kernel(sparse_attn_merge_slices_kernel, dict(
-        part_o_ptr="*fp16", part_lse_ptr="*fp32", out_ptr="*bf16", v_scale_ptr="*fp32",
-        done_ptr="*i32", tile_end_ptr="*i32"), dict(HQ=16, S=16, S_PAD=16, D=128, D_PAD=128,
-                                                    SKIP_EMPTY=True), 1)
-    assert len(cubin) > 0
-    print("compiled the block-major kernels counting done slices (sm_90 and tl, bf16) and "
-          "sparse_attn_merge_slices_kernel", flush=True)
-    done += 3
     # the decode attention that ranks its token's block scores itself (select_topk),
     # 64 blocks (8k context), 8 splits, PDL
     ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", bt_ptr="*i32", req_ptr="*i32", pos_ptr="*i32",
@@ -255,8 +231,6 @@ def main():
                 pair_tok_ptr="*i32", pair_slot_ptr="*i32")
     for kernel, extra in ((block_major_rank_kernel, dict(AGGREGATE=True, SPLIT_MASKED=True,
                                                          SPARSE_BLOCK=128)),
-                          (block_major_rank_kernel, dict(AGGREGATE=True, SPLIT_MASKED=True,
-                                                         SPARSE_BLOCK=128, SLICED=True)),
                           (block_major_rank_kernel, dict(AGGREGATE=False)),
                           (block_major_scatter_kernel, {})):
         cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=GROUP_BLOCK, **extra), 4)

@@ -636,17 +636,9 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # the merge reading every slot's partial, empty ones too
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (2, n_decode, dict(merge_skip_empty=False)),
-                                # the programs ordered by three slices of the tokens;
-                                # and each slice merged beside the kernel once done
-                                (2, n_decode, dict(token_slices=3)),
-                                (2, n_decode, dict(token_slices=3, overlap_merge=True)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
-                                # kernel (the default there), the ``tl`` kernel, and the
-                                # Gluon kernel's token slices merged beside it
-                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
-                                   (4, n_decode, dict(token_slices=3, overlap_merge=True)),
-                                   (4, n_decode, dict(token_slices=2, overlap_merge=True,
-                                                      merge_programs_per_sm=1)))
+                                # kernel (the default there), and the ``tl`` kernel
+                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)))
                                   if ON_GPU else ()),
                                 (8 if ON_GPU else 1, batch.T // 2, None))):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):
@@ -673,10 +665,9 @@ def test_block_sparse_attention_block_major(case, shape):
                               f"start {start} tune {tune}] {m}")
 
 
-@pytest.mark.parametrize("aggregate,group_block,split,slices",
-                         [(True, 1024, True, 1), (True, 64, False, 1), (False, 1024, False, 1),
-                          (False, 64, True, 1), (True, 64, True, 3), (False, 1024, False, 2)])
-def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split, slices):
+@pytest.mark.parametrize("aggregate,group_block,split", [(True, 1024, True), (True, 64, False),
+                                                         (False, 1024, False), (False, 64, True)])
+def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):
     """The device-side grouping (a counting sort): every valid (token, slot)
     pair lands exactly once in the segment of its (request, KV head, block)
     group, the per-group program counts add up, and the static program count
@@ -684,8 +675,7 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split, 
     program (``aggregate``) or once per pair, in one program or several (the
     last one partly past the pairs); with ``split`` (``token_pos`` given) each
     group in two, the pairs whose token does not see the block's last key in
-    the odd one; with ``slices`` the tokens in that many slices, slice
-    outermost in the group numbering (so a slice's programs come first)."""
+    the odd one."""
     from vllm.models.minimax_m3.common.triton_ops.attention import block_major_tiles
     _seed()
     T, Hkv, topk, R, max_blocks, TM, SB = 37, 2, 5, 3, 9, 4, 4
@@ -700,17 +690,15 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split, 
         x.cpu() if isinstance(x, torch.Tensor) else x
         for x in block_major_tiles(req, sel, R, max_blocks, TM, aggregate=aggregate,
                                    group_block=group_block,
-                                   token_pos=pos if split else None, sparse_block=SB,
-                                   token_slices=slices))
+                                   token_pos=pos if split else None, sparse_block=SB))
     req, sel, pos = req.cpu(), sel.cpu(), pos.cpu()
     want = {}
-    slice_tokens = -(-T // slices)
     for t in range(T):
         for h in range(Hkv):
             for s in range(topk):
                 b = int(sel[t, h, s])
                 if b >= 0:
-                    key = ((t // slice_tokens * R + int(req[t])) * Hkv + h) * max_blocks + b
+                    key = (int(req[t]) * Hkv + h) * max_blocks + b
                     if split:
                         key = 2 * key + int(int(pos[t]) < b * SB + SB - 1)
                     want.setdefault(key, []).append((t, s))
@@ -718,10 +706,7 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split, 
     assert int(counts.max()) > TM
     if split:  # both halves hold pairs
         assert {k % 2 for k in want} == {0, 1}
-    if slices > 1:  # every slice holds pairs
-        per_slice = R * Hkv * max_blocks * (2 if split else 1)
-        assert {k // per_slice for k in want} == set(range(slices))
-    assert counts.numel() == R * Hkv * max_blocks * (2 if split else 1) * slices
+    assert counts.numel() == R * Hkv * max_blocks * (2 if split else 1)
     for key in range(counts.numel()):
         got = [(int(pair_tok[p]), int(pair_slot[p]))
                for p in range(int(start[key]), int(start[key]) + int(counts[key]))]
@@ -742,30 +727,6 @@ def test_block_major_bad_input():
         block_sparse_attention(*args, block_major=3)
     with pytest.raises(ValueError, match="pick one"):
         block_sparse_attention(*args, block_major=4, token_tile=4)
-    with pytest.raises(ValueError, match="token_slices must be at least 1"):
-        block_sparse_attention(*args, block_major=4, _tune=dict(token_slices=0))
-    with pytest.raises(ValueError, match="overlap_merge needs token_slices of at least 2"):
-        block_sparse_attention(*args, block_major=4, _tune=dict(overlap_merge=True))
-    with pytest.raises(ValueError, match="merge_programs_per_sm must be in 1..16"):
-        block_sparse_attention(*args, block_major=4, _tune=dict(
-            token_slices=2, overlap_merge=True, merge_programs_per_sm=17))
-
-
-@pytest.mark.parametrize("merge_per_sm", [1, 2, 4, 16])
-def test_sm90_regs_beside_the_overlapped_merge(merge_per_sm):
-    """The Gluon kernel's register bound under ``overlap_merge``: two programs
-    of 128 threads and the merge's one-warp programs fit an SM's 65536
-    registers, and the bound is the largest multiple of 8 that does."""
-    from vllm.models.minimax_m3.common.triton_ops.attention import (MERGE_SLICES_REGS,
-                                                                    sm90_regs_beside)
-    regs = sm90_regs_beside(merge_per_sm, MERGE_SLICES_REGS)
-    assert regs % 8 == 0
-
-    def used(r):
-        return 2 * 128 * r + merge_per_sm * 32 * MERGE_SLICES_REGS
-
-    assert used(regs) <= 65536 < used(regs + 8)
-    assert sm90_regs_beside(0, MERGE_SLICES_REGS) == 255  # nothing beside: ptxas's cap
 
 
 @pytest.mark.parametrize("case", list(TILE_CASES))

@@ -9,9 +9,6 @@ the partial results by log-sum-exp; the split count depends only on static
 sizes (CUDA-graph capturable, no host syncs).
 """
 
-import contextlib
-import functools
-
 import torch
 
 from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_table,
@@ -20,7 +17,7 @@ from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_tabl
 from .block_major_group import block_major_rank_kernel, block_major_scatter_kernel
 from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
-from .sparse_attn_merge import sparse_attn_merge_kernel, sparse_attn_merge_slices_kernel
+from .sparse_attn_merge import sparse_attn_merge_kernel
 from .sparse_attn_tiled import sparse_attn_tiled_kernel
 
 try:  # Gluon (Triton's explicit-layout dialect) for the sm_90 block-major kernel
@@ -227,18 +224,13 @@ def default_prefill_layout(num_prefill_tokens: int, max_context: int, sparse_blo
 def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
                       max_blocks: int, pairs_per_tile: int, aggregate: bool = True,
                       group_block: int = GROUP_BLOCK, token_pos: torch.Tensor | None = None,
-                      sparse_block: int = 0, group_warps: int = 4, token_slices: int = 1):
+                      sparse_block: int = 0, group_warps: int = 4):
     """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
     (request, KV head, block) on the device, without host syncs
     (``block_major_group``: a counting sort in two launches).  With
     ``token_pos`` (and ``sparse_block``) each group is split in two: group
     ``2 * key + masked`` holds the pairs whose token does not see the whole
-    block (``masked``), so the rest need no causal mask.  ``token_slices``: the
-    chunk's tokens in that many slices of ``cdiv(T, token_slices)``, the groups
-    of slice ``i`` numbered ``i * groups_per_slice + key`` (slices outermost: a
-    slice's programs all come before the next slice's; the kernels read a
-    group's block and KV head modulo ``MAX_BLOCKS`` and ``HKV``, its request
-    from its first pair, so the numbering is theirs unchanged).
+    block (``masked``), so the rest need no causal mask.
 
     Returns int32 tensors (pair_tok, pair_slot) [P] sorted by group,
     (group_start, counts, tile_end) [NG] per group (``tile_end``: inclusive
@@ -255,11 +247,7 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     split = token_pos is not None
     if split and sparse_block <= 0:
         raise ValueError("block_major_tiles: token_pos needs the sparse_block size")
-    if token_slices < 1:
-        raise ValueError(f"block_major_tiles: token_slices must be at least 1, got "
-                         f"{token_slices}")
-    groups_per_slice = num_reqs * HKV * max_blocks
-    NG = groups_per_slice * token_slices * (2 if split else 1)
+    NG = num_reqs * HKV * max_blocks * (2 if split else 1)
     if NG + P >= 2 ** 31:
         raise ValueError(f"block_major: {num_reqs} requests x {HKV} KV heads x {max_blocks} "
                          "blocks overflow int32 group ids; use token_tile or the per-token path")
@@ -272,8 +260,7 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
         counts, P, topk_blocks.stride(0), topk_blocks.stride(1),
         HKV=HKV, TOPK=TOPK, MAX_BLOCKS=max_blocks, NG=NG, BLOCK=group_block,
         AGGREGATE=aggregate, SPLIT_MASKED=split, SPARSE_BLOCK=max(1, sparse_block),
-        SLICED=token_slices > 1, slice_tokens=cdiv(T, token_slices),
-        groups_per_slice=groups_per_slice, num_warps=group_warps)
+        num_warps=group_warps)
     group_start = torch.cumsum(counts, 0, dtype=torch.int32) - counts
     tile_end = torch.cumsum(torch.div(counts + pairs_per_tile - 1, pairs_per_tile,
                                       rounding_mode="floor"), 0, dtype=torch.int32)
@@ -383,14 +370,7 @@ def block_sparse_attention(
         non-empty slots (default; False: every slot's, weighed by zero);
         ``sm90``: on an H100/H200, block-major runs the Gluon kernel where it
         covers the launch (default; False: the ``tl`` kernel); ``sm90_buffers``:
-        its query ring's depth; ``token_slices``: block-major's programs ordered
-        by that many slices of the tokens (default 1; the same outputs);
-        ``overlap_merge`` (with ``token_slices`` of at least 2): the merge beside
-        the kernel, each slice merged once the kernel's programs of it are done
-        (``sparse_attn_merge_slices_kernel``; ``merge_programs_per_sm``, default
-        4, one warp each; the same outputs; ``sm90_maxnreg``: the Gluon
-        kernel's registers per thread, default all it wants, with
-        ``overlap_merge`` what leaves two programs per SM beside the merge's).
+        its query ring's depth.
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -610,29 +590,6 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7
     # against 507.8 / 614.1 (ci/results/2026-12-01-block-major-sm90-profile-h200-run44.json)
     sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 else 3))
-    # the programs ordered by token slice (``token_slices`` slices of each launch's
-    # tokens; the same outputs): what a merge overlapped with the kernel needs, the
-    # tokens of a slice complete before the next slice's programs run
-    token_slices = int(tune.get("token_slices", 1))
-    # the merge overlapped with the kernel (``overlap_merge``): a bounded grid
-    # beside the kernel, on a side stream on a GPU, merging each token slice once
-    # the kernel's programs of that slice have counted themselves done
-    overlap = bool(tune.get("overlap_merge", False))
-    if overlap and token_slices < 2:
-        raise ValueError(f"overlap_merge needs token_slices of at least 2, got {token_slices}")
-    # at most 16 one-warp programs of 64 registers per SM leave every SM room for an
-    # attention program (sm_90: 255 x 128 registers of 65536), so the waits end
-    merge_per_sm = int(tune.get("merge_programs_per_sm", 4))
-    if overlap and not 1 <= merge_per_sm <= 16:
-        raise ValueError(f"merge_programs_per_sm must be in 1..16, got {merge_per_sm}")
-    merge_programs = num_sms(q.device) * merge_per_sm
-    # the Gluon kernel's registers per thread: unbounded (255) it takes all 65536 of
-    # an SM's registers in two programs of 128 threads, so one overlapped merge
-    # warp (64 registers) left one program per SM; bounded, two still fit beside
-    # ``merge_per_sm`` of them (sm_90 ptxas: 4 bytes spilled at 248 down to 224)
-    sm90_maxnreg = tune.get("sm90_maxnreg",
-                            sm90_regs_beside(merge_per_sm, MERGE_SLICES_REGS)
-                            if overlap else None)
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -642,27 +599,10 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             aggregate=bool(tune.get("aggregate_ranks", True)),
             group_block=int(tune.get("group_block", GROUP_BLOCK)),
             group_warps=int(tune.get("group_warps", 4)),
-            token_pos=pos_s if split_masked else None, sparse_block=sparse_block,
-            token_slices=token_slices)
+            token_pos=pos_s if split_masked else None, sparse_block=sparse_block)
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)
-        count_done = {}
-        if overlap:
-            count_done = dict(done_ptr=torch.zeros(token_slices, dtype=torch.int32,
-                                                   device=q.device),
-                              groups_per_slice=counts.numel() // token_slices)
-            side = overlap_stream(q.device)
-            merge = functools.partial(
-                _overlapped_merge, part_o, part_lse, out_s, vs if v_in_merge else part_lse,
-                count_done, tile_end, token_slices, merge_programs, v_in_merge,
-                bool(tune.get("merge_skip_empty", True)))
-            if side is not None:
-                # the merge's programs launched first, so that they are resident
-                # beside the kernel's (a launch after them would wait for the kernel's
-                # last programs to be issued: H200 run 48, merge after the kernel)
-                side.wait_stream(torch.cuda.current_stream(q.device))
-                merge()
         if sm90:
             sparse_attn_block_major_sm90_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
@@ -675,7 +615,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
                 SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
                 SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers,
-                num_warps=SM90_NUM_WARPS.value, maxnreg=sm90_maxnreg, **count_done)
+                num_warps=SM90_NUM_WARPS.value)
         else:
             sparse_attn_block_major_kernel[(num_tiles,)](
                 q_s, kv_cache, block_table, req_s, pos_s,
@@ -704,16 +644,8 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
                 # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
                 # ci/results/2026-11-30-block-major-sweep5-h200-run10.json
-                num_stages=tune.get("num_stages", 1), **count_done,
+                num_stages=tune.get("num_stages", 1),
             )
-        if overlap:
-            if side is None:  # the interpreter: after the kernel's programs
-                merge()
-            else:
-                # later work on the current stream (and the partials' reuse by
-                # the allocator, which follows it) waits for the merge
-                torch.cuda.current_stream(q.device).wait_stream(side)
-            continue
         # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
         # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4.  Empty slots'
         # partials not read (``merge_skip_empty``): run 42, 8192-token chunk at 8k (its
@@ -726,53 +658,6 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             V_SCALE=v_in_merge, SKIP_EMPTY=bool(tune.get("merge_skip_empty", True)),
             num_warps=tune.get("merge_warps", 1),
         )
-
-
-# registers per thread of sparse_attn_merge_slices_kernel (one warp; sm_90 ptxas)
-MERGE_SLICES_REGS = 64
-
-
-def sm90_regs_beside(merge_programs_per_sm: int, merge_regs: int, programs: int = 2,
-                     threads: int = 128, sm_regs: int = 65536) -> int:
-    """The most registers per thread (a multiple of 8, ptxas's unit) with which
-    ``programs`` Gluon programs of ``threads`` threads fit one SM beside
-    ``merge_programs_per_sm`` one-warp merge programs of ``merge_regs``."""
-    free = sm_regs - merge_programs_per_sm * 32 * merge_regs
-    return min(255, free // (programs * threads) // 8 * 8)
-
-
-_OVERLAP_STREAMS: dict = {}
-
-
-def overlap_stream(device: torch.device):
-    """The side stream of ``overlap_merge`` on a GPU (one per device); None
-    off-GPU, where the merge runs after the kernel (the interpreter runs a
-    launch's programs to the end before the next launch)."""
-    if device.type != "cuda":
-        return None
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _OVERLAP_STREAMS:
-        _OVERLAP_STREAMS[idx] = torch.cuda.Stream(device=idx)
-    return _OVERLAP_STREAMS[idx]
-
-
-def _overlapped_merge(part_o, part_lse, out_s, v_scale, count_done, tile_end, slices,
-                      programs, v_in_merge, skip_empty):
-    """``sparse_attn_merge_slices_kernel`` over the partials of the block-major
-    launch: on a GPU on the side stream (which already waited for the work
-    before that launch; the caller joins it back), else on the current stream;
-    one warp per program, ``programs`` of them (a few per SM: the kernel's
-    programs keep their room)."""
-    n, HQ, topk, D_PAD = part_o.shape
-    D = out_s.shape[2]
-    side = overlap_stream(part_o.device)
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        sparse_attn_merge_slices_kernel[(programs,)](
-            part_o, part_lse, out_s, v_scale, count_done["done_ptr"], tile_end,
-            out_s.stride(0), out_s.stride(1), n, slices, cdiv(n, slices),
-            count_done["groups_per_slice"],
-            HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
-            V_SCALE=v_in_merge, SKIP_EMPTY=skip_empty, num_warps=1)
 
 
 __all__ = ["block_major_tiles", "block_sparse_attention", "default_key_split",

@@ -4,11 +4,7 @@ the device, for ``sparse_attn_block_major``: a counting sort in two launches.
 
 A pair's group is ``(request, KV head, block)``, numbered
 ``key = (req * HKV + kv_head) * MAX_BLOCKS + block`` (``NG`` groups; empty
-slots, block -1, belong to none).  SLICED: the chunk's tokens in slices of
-``slice_tokens``, slice ``t // slice_tokens`` outermost,
-``key += slice * groups_per_slice``, so that the groups (and the attention's
-programs) of a slice come before the next slice's; ``key % groups_per_slice``
-is the unsliced key.  SPLIT_MASKED: each group in two,
+slots, block -1, belong to none).  SPLIT_MASKED: each group in two,
 ``2 * key + masked``, where ``masked`` says the token does not see the whole
 block (its position is before the block's last key): the pairs of the
 unmasked halves, nearly all of a long chunk's, then need no causal mask.
@@ -58,7 +54,6 @@ def block_major_rank_kernel(
     P, stride_tt, stride_th,
     HKV: tl.constexpr, TOPK: tl.constexpr, MAX_BLOCKS, NG, BLOCK: tl.constexpr,
     AGGREGATE: tl.constexpr, SPLIT_MASKED: tl.constexpr = False, SPARSE_BLOCK: tl.constexpr = 1,
-    SLICED: tl.constexpr = False, slice_tokens=1, groups_per_slice=0,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < P
@@ -70,8 +65,6 @@ def block_major_rank_kernel(
     req = tl.load(req_ptr + t, mask=live, other=0)
     valid = blk >= 0
     key = (req * HKV + h) * MAX_BLOCKS + blk
-    if SLICED:
-        key += (t // slice_tokens) * groups_per_slice
     if SPLIT_MASKED:
         pos = tl.load(pos_ptr + t, mask=live, other=0)
         key = 2 * key + (pos < blk * SPARSE_BLOCK + SPARSE_BLOCK - 1).to(tl.int32)

@@ -143,7 +143,6 @@ def sparse_attn_block_major_kernel(
     PREFETCH_QUERY: tl.constexpr = True, V_SCALE_IN_MERGE: tl.constexpr = False,
     SCALE_HELD_KV: tl.constexpr = False, ONE_TILE_SOFTMAX: tl.constexpr = True,
     MASK_PARTIAL_ONLY: tl.constexpr = True, SPLIT_MASKED: tl.constexpr = False,
-    done_ptr=None, groups_per_slice=None,
 ):
     QUERY_AT_STEP: tl.constexpr = PREFETCH_PAIRS and not PREFETCH_QUERY
     # the whole block is one key tile: load it once into registers for all the
@@ -224,11 +223,6 @@ def sparse_attn_block_major_kernel(
                        SCALE_MODE, IEEE, FP16_MMA, ONE_KEY_TILE, PREFETCH_PAIRS,
                        QUERY_AT_STEP, V_SCALE_IN_MERGE, SCALE_HELD_KV,
                        ONE_KEY_TILE and ONE_TILE_SOFTMAX, True)
-        if done_ptr is not None:
-            # every thread's partials stored (the barrier), then the program
-            # counted done for its token slice, released to the overlapped merge
-            tl.debug_barrier()
-            tl.atomic_add(done_ptr + grp // groups_per_slice, 1, sem="release", scope="gpu")
 
 
 @triton.jit

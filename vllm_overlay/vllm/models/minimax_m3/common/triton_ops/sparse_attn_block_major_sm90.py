@@ -83,7 +83,6 @@ def sparse_attn_block_major_sm90_kernel(
     TM: gl.constexpr, CHUNK: gl.constexpr, D: gl.constexpr, TOPK: gl.constexpr,
     SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALE_MODE: gl.constexpr,
     SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr,
-    done_ptr=None, groups_per_slice=None,
 ):
     R: gl.constexpr = TM * G_PAD
     gl.static_assert(R == 64, "one warpgroup MMA of 64 rows per step")
@@ -146,11 +145,6 @@ def sparse_attn_block_major_sm90_kernel(
                             part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
                             stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
                             NUM_BUF, mma, tile, True)
-        if done_ptr is not None:
-            # every thread's partials stored (the barrier), then the program
-            # counted done for its token slice, released to the overlapped merge
-            gl.thread_barrier()
-            gl.atomic_add(done_ptr + grp // groups_per_slice, 1, sem="release", scope="gpu")
 
 
 @gluon.jit
