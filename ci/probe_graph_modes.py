@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Where bf16 CUDA-graph runs part from compiled runs without graphs (GPU probe).
+
+The tiny checkpoint and prompts of ``tests/models/test_minimax_m3_gpu.py``, greedy
+bf16, one engine per compilation mode: FULL_AND_PIECEWISE (vLLM's default),
+PIECEWISE (batches padded to the same capture sizes, the sparse attention run
+eagerly between graph pieces) and NONE (torch.compile without graphs, batches
+not padded).  For each pair of modes and each prompt: equal tokens, max
+|chosen-token logprob difference| before any fork, and at a fork each run's
+logprob of the other's token.  Writes ``$OUT/graph_modes.json``.
+
+    . /tmp/gpu-env.sh && OUT=$OUT python ci/probe_graph_modes.py
+"""
+import json
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "models"))
+
+from minimax_m3_utils import build_checkpoint  # noqa: E402
+from test_minimax_m3_gpu import PROMPT_LENS, _run, first_divergence  # noqa: E402
+
+MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE")
+
+
+def compare(got, ref) -> list[dict]:
+    rows = []
+    for i, (x, y) in enumerate(zip(got, ref)):
+        j = first_divergence(x["tokens"], y["tokens"])
+        n = len(x["tokens"]) if j is None else j
+        d = [abs(p - q) for p, q in zip(x["logprobs"][:n], y["logprobs"][:n])]
+        row = dict(prompt=i, length=PROMPT_LENS[i], equal_tokens=n,
+                   max_lp_diff=max(d, default=0.0))
+        if j is not None:
+            row["fork"] = {name: dict(token=b["tokens"][j], logprob=b["logprobs"][j],
+                                      other_token_logprob=b["top"][j].get(str(a["tokens"][j])))
+                           for a, b, name in ((x, y, "second"), (y, x, "first"))}
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    out_dir = os.environ.get("OUT", "out")
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="graph_modes_")
+    ckpt = build_checkpoint(os.path.join(tmp, "ckpt"))
+    runs = {m: _run(os.path.join(tmp, m), ckpt, True, "bfloat16",
+                    compilation_config={"cudagraph_mode": m}) for m in MODES}
+    result = {}
+    for a, b in (("FULL_AND_PIECEWISE", "PIECEWISE"), ("PIECEWISE", "NONE"),
+                 ("FULL_AND_PIECEWISE", "NONE")):
+        rows = compare(runs[a], runs[b])
+        result[f"{a} vs {b}"] = rows
+        for r in rows:
+            print(f"{a} vs {b}: {json.dumps(r)}")
+    json.dump(result, open(os.path.join(out_dir, "graph_modes.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
