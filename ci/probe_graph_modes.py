@@ -7,9 +7,14 @@ PIECEWISE (batches padded to the same capture sizes, the sparse attention run
 eagerly between graph pieces) and NONE (torch.compile without graphs, batches
 not padded).  For each pair of modes and each prompt: equal tokens, max
 |chosen-token logprob difference| before any fork, and at a fork each run's
-logprob of the other's token.  Writes ``$OUT/graph_modes.json``.
+logprob of the other's token.  ``ALL_SPARSE=1``: every attention layer
+sparse (no dense layer, hence no FlashAttention).  Writes
+``$OUT/graph_modes[_all_sparse].json``.
 
-    . /tmp/gpu-env.sh && OUT=$OUT python ci/probe_graph_modes.py
+    . /tmp/gpu-env.sh && OUT=$OUT [ALL_SPARSE=1] python ci/probe_graph_modes.py
+
+H200 run 49 (default checkpoint): PIECEWISE == NONE, FULL_AND_PIECEWISE parted
+from both on the two longest prompts (ci/results/2026-12-02-graph-modes-h200-run49.json).
 """
 import json
 import os
@@ -19,7 +24,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "models"))
 
-from minimax_m3_utils import build_checkpoint  # noqa: E402
+from minimax_m3_utils import LAYER_TYPES, N_LAYERS, build_checkpoint  # noqa: E402
 from test_minimax_m3_gpu import PROMPT_LENS, _run, first_divergence  # noqa: E402
 
 MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE")
@@ -45,7 +50,9 @@ def main() -> None:
     out_dir = os.environ.get("OUT", "out")
     os.makedirs(out_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="graph_modes_")
-    ckpt = build_checkpoint(os.path.join(tmp, "ckpt"))
+    all_sparse = os.environ.get("ALL_SPARSE", "0") == "1"
+    over = dict(layer_types=[LAYER_TYPES[-1]] * N_LAYERS) if all_sparse else {}
+    ckpt = build_checkpoint(os.path.join(tmp, "ckpt"), **over)
     runs = {m: _run(os.path.join(tmp, m), ckpt, True, "bfloat16",
                     compilation_config={"cudagraph_mode": m}) for m in MODES}
     result = {}
@@ -55,7 +62,8 @@ def main() -> None:
         result[f"{a} vs {b}"] = rows
         for r in rows:
             print(f"{a} vs {b}: {json.dumps(r)}")
-    json.dump(result, open(os.path.join(out_dir, "graph_modes.json"), "w"), indent=1)
+    name = "graph_modes_all_sparse.json" if all_sparse else "graph_modes.json"
+    json.dump(result, open(os.path.join(out_dir, name), "w"), indent=1)
 
 
 if __name__ == "__main__":
