@@ -8,6 +8,8 @@
 #   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
 #   graphs_fp32  graphs == eager in fp32, the default paths (the graphs suite's bf16 case
 #            alone needs more than 260 s)
+#   graphs_bf16  bf16 FULL_AND_PIECEWISE == PIECEWISE on an all-sparse checkpoint;
+#   graphs_bf16_nopdl  the same with VLLM_MINIMAX_M3_PDL=0 (bisects a FULL-graph difference)
 #   graphs_one_launch  graphs == eager in fp32 with VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1
 #   graphs_token_tile  graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4
 #   graphs_block_major graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4
@@ -33,6 +35,7 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [graphs]="tests/models/test_minimax_m3_gpu.py -k cudagraphs" [tp2]="tests/models/test_minimax_m3_gpu.py -k tp2"
   [graphs_bf16]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
   [graphs_fp32]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
+  [graphs_bf16_nopdl]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
   [graphs_one_launch]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [graphs_token_tile]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [graphs_block_major]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
@@ -44,6 +47,7 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [fp8kv_block_major]="tests/models/test_minimax_m3_fp8_kv.py"
   [production_heads]="tests/models/test_minimax_m3_production_heads.py")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
+  [graphs_bf16_nopdl]="VLLM_MINIMAX_M3_PDL=0"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1"
   [graphs_token_tile]="VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4"
   [graphs_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
