@@ -30,8 +30,10 @@ import pytest
 import torch
 
 from minimax_m3_utils import (
+    LAYER_TYPES,
     LAYOUTS,
     MLP_TYPES,
+    N_LAYERS,
     build_checkpoint,
     hf_greedy,
     hf_state_dict,
@@ -146,6 +148,19 @@ def test_fp32_preemption_and_recompute_match_transformers(ckpt):
     assert res["preemptions"] > 0, "the 12-page KV cache should have forced a preemption"
     m = _hf(ckpt["normalized"])
     _check_greedy(res["rounds"][0], [hf_greedy(m, p, 40) for p in prompts], lens=[40] * 4)
+
+
+def test_fp32_every_layer_sparse_matches_transformers(ckpt, prompts):
+    """No dense layer at all (layer 0 sparse too; the bf16 CUDA-graph test on the
+    H200 runs this checkpoint so that FlashAttention is out of the picture): the
+    engine still equals transformers, chunked prefill with 16-token pages."""
+    path = build_checkpoint(str(ckpt["dir"] / "all_sparse"), sparse_block=SPARSE_BLOCK,
+                            layer_types=[LAYER_TYPES[-1]] * N_LAYERS)
+    assert set(json.load(open(os.path.join(path, "config.json")))["text_config"]
+               ["layer_types"]) == {LAYER_TYPES[-1]}
+    outs = _engine(ckpt, "all_sparse", path, prompts, llm_kwargs=ENGINE_A_KW)[0]
+    m = _hf(path)
+    _check_greedy(outs, [hf_greedy(m, p, MAX_NEW) for p in prompts])
 
 
 def test_fp32_legacy_config_page32_prefix_cache_matches(engine_b, hf_ref):
