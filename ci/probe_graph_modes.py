@@ -25,7 +25,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "models"))
 
 from minimax_m3_utils import LAYER_TYPES, N_LAYERS, build_checkpoint  # noqa: E402
-from test_minimax_m3_gpu import PROMPT_LENS, _run, first_divergence  # noqa: E402
+from test_minimax_m3_gpu import (  # noqa: E402
+    PROMPT_LENS,
+    _run,
+    first_divergence,
+    max_logprob_diff,
+)
 
 MODES = ("FULL_AND_PIECEWISE", "PIECEWISE", "NONE")
 
@@ -34,10 +39,9 @@ def compare(got, ref) -> list[dict]:
     rows = []
     for i, (x, y) in enumerate(zip(got, ref)):
         j = first_divergence(x["tokens"], y["tokens"])
-        n = len(x["tokens"]) if j is None else j
-        d = [abs(p - q) for p, q in zip(x["logprobs"][:n], y["logprobs"][:n])]
-        row = dict(prompt=i, length=PROMPT_LENS[i], equal_tokens=n,
-                   max_lp_diff=max(d, default=0.0))
+        row = dict(prompt=i, length=PROMPT_LENS[i],
+                   equal_tokens=len(x["tokens"]) if j is None else j,
+                   max_lp_diff=max_logprob_diff([x], [y]))
         if j is not None:
             row["fork"] = {name: dict(token=b["tokens"][j], logprob=b["logprobs"][j],
                                       other_token_logprob=b["top"][j].get(str(a["tokens"][j])))

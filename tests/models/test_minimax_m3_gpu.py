@@ -46,8 +46,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 PROMPT_LENS = [3, 31, 64, 97, 150, 200]
 MAX_NEW = 40  # decode of every prompt crosses at least one 32-token block
-# chosen-token logprob agreement between modes in fp32 (same kernels, other
-# batching); bf16 measures its own bound (test_cudagraphs_match_eager)
+# chosen-token logprob agreement between two engines that should compute the same
+# (fp32: graphs against eager; bf16: FULL against PIECEWISE graphs)
 LP_TOL = 3e-2
 # torch.compile with piecewise graphs only: batches padded as in the graphs run,
 # the sparse attention run eagerly between the pieces (the bf16 reference)
