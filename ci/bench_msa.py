@@ -16,8 +16,10 @@ Shapes: one TP4 rank of MiniMax-M3 -- 16 query heads, 1 KV head, head_dim 128,
    Plus the one-launch variants (fused top-k select in the index kernel,
    split merge fused into the attention kernel: ``fused_select`` /
    ``fused_merge``) with their own timings and a check of equal results.
-   Plus the optional fp8 index-key cache: its index+top-k time and the overlap
-   of its selection with the bf16 one.
+   Plus the optional fp8 index-key cache, laid out as the engine does (packed
+   pages: keys, then their float32 scales): its index+top-k time, the whole
+   step with it (``total fp8-idx``, each KV cache) and the overlap of its
+   selection with the bf16 one.
 3. Prefill: one request, a chunk of 8192 new tokens at the end of an 8k / 32k /
    128k context, bf16 / fp8 KV: index+top-k, attention, total, and dense causal
    SDPA (lower-right causal mask) on the same chunk.
@@ -25,7 +27,7 @@ Shapes: one TP4 rank of MiniMax-M3 -- 16 query heads, 1 KV head, head_dim 128,
 Inputs are fresh random tensors every run.  Writes ``bench_msa.md`` and
 ``bench_msa.json`` under ``$OUT`` (default ``./out``).
 
-Usage: python ci/bench_msa.py [--quick] [--prefill-only] [--reps N] [--check-only] [--sweep | --sweep-only]
+Usage: python ci/bench_msa.py [--quick] [--prefill-only | --decode-only] [--reps N] [--check-only] [--sweep | --sweep-only]
 (--sweep times the launch-shape knobs: decode blocks per program and splits,
 prefill tile shapes; it wrote the numbers the wrappers' defaults cite.)
 Exit status 1 when the correctness check failed.
@@ -52,7 +54,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 HQ, HKV, D, HIDX, DIDX, B, TOPK = 16, 1, 128, 1, 128, 128, 16
-PAGE = 64
+# KV page (vLLM block) size in tokens; MSA_BENCH_PAGE=128 times the serving
+# command's --block-size 128 (one sparse block per page)
+PAGE = int(os.environ.get("MSA_BENCH_PAGE", "64"))
 FP8 = torch.float8_e4m3fn
 # the KV caches timed: bf16, fp8 e4m3 with scalar per-layer scales, and fp8 with
 # per-token-head scales (stored beside the cache)
@@ -62,6 +66,23 @@ KV_KINDS = (("bf16", 0), ("fp8", 1), ("fp8-pth", 2))
 # ----------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------
+def _load_sparse_ops():
+    """The reference ops module (torch only): installed, else the overlay's file."""
+    try:
+        from vllm.models.minimax_m3.common import sparse_ops
+        return sparse_ops
+    except Exception:  # noqa: BLE001
+        path = REPO / "vllm_overlay/vllm/models/minimax_m3/common/sparse_ops.py"
+        spec = importlib.util.spec_from_file_location("msa_sparse_ops", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+
+def fp8_index_cache_views(pages, index_dim):
+    return _load_sparse_ops().fp8_index_cache_views(pages, index_dim)
+
+
 def load_kernels():
     try:
         from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention,
@@ -159,9 +180,13 @@ class Batch:
         self.idx_k = torch.randn(num_pages, PAGE, DIDX, device=dev, dtype=torch.bfloat16)
         self.idx_k8 = self.idx_s = None
         if idx_fp8:
+            # the engine's fp8 index cache: packed pages [keys | float32 scales]
+            # (DIDX + 4 bytes per token), keys and scales as views of them
             s = self.idx_k.float().abs().amax(-1) / 448.0
-            self.idx_k8 = (self.idx_k.float() / s[..., None]).to(FP8)
-            self.idx_s = s.contiguous()
+            pages = torch.zeros(num_pages, PAGE, DIDX + 4, dtype=FP8, device=dev)
+            self.idx_k8, self.idx_s = fp8_index_cache_views(pages, DIDX)
+            self.idx_k8.copy_((self.idx_k.float() / s[..., None]).to(FP8))
+            self.idx_s.copy_(s)
         self.q = torch.randn(T, HQ, D, device=dev, dtype=torch.bfloat16)
         kv = torch.randn(num_pages, 2, PAGE, HKV, D, device=dev, dtype=torch.bfloat16)
         self.kv_mode = kv_mode
@@ -793,7 +818,7 @@ def bench(args):
             for kv_name, kv_mode in KV_KINDS:
                 row = dict(batch=batch, context=ctx, kv=kv_name)
                 try:
-                    bt = Batch([ctx] * batch, 1, kv_mode, dev, idx_fp8=(kv_mode == 0))
+                    bt = Batch([ctx] * batch, 1, kv_mode, dev, idx_fp8=True)
                     sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
                     o = torch.empty_like(bt.q)
 
@@ -910,7 +935,7 @@ def bench(args):
                     kv_bytes = B * row_bytes * HKV * min(TOPK, ctx // B)
                     byt = batch * (ctx * DIDX * 2 + kv_bytes)
                     row["floor_us"] = byt / bw * 1e6
-                    if kv_mode == 0:
+                    if bt.idx_k8 is not None:  # the fp8 index cache, with this KV cache
                         sel8 = torch.empty_like(sel)
 
                         def idx8():
@@ -934,6 +959,7 @@ def bench(args):
                         g8t = timer.graph(total8)
                         row["total_fp8idx_us"] = timer.time_graph(g8t)
                         row["total_fp8idx_clean_us"] = timer.time_graph(g8t, "read")
+                    if kv_mode == 0:
                         idx()
                         idx8()
                         row["fp8idx_topk_overlap"] = overlap(sel8, sel)
@@ -949,7 +975,7 @@ def bench(args):
 
     pre = []
     chunk = 8192
-    for ctx in ctxs:
+    for ctx in ([] if args.decode_only else ctxs):
         for kv_name, kv_mode in KV_KINDS:
             row = dict(chunk=chunk, context=ctx, kv=kv_name)
             try:
@@ -1148,7 +1174,7 @@ SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
                "block_major", "decode_profile", "decode_variants", "decode_attn_warps",
                "prefill_attn_profile", "index_tiles", "read_ceiling", "kv_dtype_parity",
-               "latency_floor", "prefill_index_split")
+               "latency_floor", "prefill_index_split", "index_dot")
 
 
 def env_shapes(name, default):
@@ -1183,7 +1209,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    prefill_attn_profile=sweep_prefill_attn_profile,
                    index_tiles=sweep_index_tiles, read_ceiling=sweep_read_ceiling,
                    kv_dtype_parity=sweep_kv_dtype_parity, latency_floor=sweep_latency_floor,
-                   prefill_index_split=sweep_prefill_index_split)
+                   prefill_index_split=sweep_prefill_index_split, index_dot=sweep_index_dot)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -2021,7 +2047,6 @@ def sweep_index_tiles(timer, dev, index_block_topk, block_sparse_attention):
     """Decode index scoring several sparse blocks per key load (``tile_blocks``),
     bf16 and fp8 index keys, against each kind's default launch; every variant's
     selection is checked against the default's.  INDEX_TILE_SHAPES narrows it."""
-    out = []
     variants = {
         False: ((None, None), (2, dict(tile_blocks=2)), (4, dict(tile_blocks=2)),
                 (4, dict(tile_blocks=2, decode_stages=2)), (8, dict(tile_blocks=4))),
@@ -2033,6 +2058,30 @@ def sweep_index_tiles(timer, dev, index_block_topk, block_sparse_attention):
                (16, dict(tile_blocks=2, decode_stages=3)), (8, dict(tile_blocks=2, decode_stages=4)),
                (8, dict(tile_blocks=2, decode_stages=2, decode_warps=2))),
     }
+    return _sweep_index_variants(timer, dev, index_block_topk, variants, "index_tiles")
+
+
+def sweep_index_dot(timer, dev, index_block_topk, block_sparse_attention):
+    """Decode index scores as keys . q^T (``key_major_dot``: the converted keys
+    are the MMA's left operand, no shared-memory round trip after the fp8
+    conversion) at each kind's launch shapes, against the default launch;
+    INDEX_TILE_SHAPES narrows it."""
+    km = dict(key_major_dot=True)
+    variants = {
+        False: ((None, None), (None, km), (4, dict(tile_blocks=2, decode_stages=2, **km))),
+        True: ((None, None), (None, km), (8, dict(tile_blocks=2, decode_stages=2, **km)),
+               (4, dict(decode_stages=3, **km)), (4, dict(tile_blocks=2, decode_stages=3, **km)),
+               (8, dict(tile_blocks=4, decode_stages=2, **km)),
+               (16, dict(tile_blocks=2, decode_stages=2, **km)),
+               (8, dict(tile_blocks=2, decode_stages=3, **km)),
+               (8, dict(tile_blocks=2, decode_stages=2, decode_warps=8, **km)),
+               (16, dict(tile_blocks=4, decode_stages=2, decode_warps=8, **km))),
+    }
+    return _sweep_index_variants(timer, dev, index_block_topk, variants, "index_dot")
+
+
+def _sweep_index_variants(timer, dev, index_block_topk, variants, kind):
+    out = []
     for batch, ctx in env_shapes("INDEX_TILE_SHAPES", "32x131072,32x32768,32x8192,1x8192"):
         bt = Batch([ctx] * batch, 1, 0, dev, idx_fp8=True)
         for fp8 in (False, True):
@@ -2051,7 +2100,7 @@ def sweep_index_tiles(timer, dev, index_block_topk, block_sparse_attention):
                     run()
                     return bool(torch.equal(sel, ref))
                 same, t = checked_time(timer, run, same_as_ref)
-                out.append(dict(kind="index_tiles", batch=batch, context=ctx, fp8_index=fp8,
+                out.append(dict(kind=kind, batch=batch, context=ctx, fp8_index=fp8,
                                 blocks_per_prog=bpp, tune=tune, ids_equal_default=same, us=t))
                 print(f"[sweep] {out[-1]}", flush=True)
         del bt
@@ -2222,6 +2271,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="8k context, batch 1 only")
     ap.add_argument("--prefill-only", action="store_true",
                     help="the correctness check and the prefill table, no decode table")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="the correctness check and the decode table, no prefill table")
     ap.add_argument("--check-only", action="store_true", help="only the correctness check")
     ap.add_argument("--sweep", action="store_true", help="also sweep the launch-shape knobs")
     ap.add_argument("--sweep-only", action="store_true", help="only the launch-shape sweep")

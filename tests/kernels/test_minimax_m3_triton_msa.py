@@ -107,9 +107,14 @@ def make_idx_cache(batch, D, dtype, fp8=False):
     k = torch.randn(batch.num_pages, batch.page_size, D, device=DEVICE)
     valid = batch.valid_slot_mask()
     if fp8:
-        scales = torch.rand(batch.num_pages, batch.page_size, device=DEVICE) * 0.02 + 0.005
-        q8 = (k / scales[..., None]).clamp(-448, 448).to(FP8)
+        # the engine's layout: packed pages [keys | float32 scales], as views
+        from vllm.models.minimax_m3.common.sparse_ops import fp8_index_cache_views
+        pages = torch.empty(batch.num_pages, batch.page_size, D + 4, dtype=FP8, device=DEVICE)
+        q8, scales = fp8_index_cache_views(pages, D)
+        scales.copy_(torch.rand(batch.num_pages, batch.page_size, device=DEVICE) * 0.02 + 0.005)
+        q8.copy_((k / scales[..., None]).clamp(-448, 448).to(FP8))
         q8.view(torch.uint8)[~valid] = 0x7F  # e4m3fn NaN
+        scales[~valid] = float("nan")
         return q8, scales
     k = k.to(dtype)
     k[~valid] = float("nan")
@@ -314,7 +319,11 @@ def test_index_block_topk(case, shape, dtype):
         # decode index scoring two sparse blocks per key load, plain and pipelined
         variants += [dict(num_decode_tokens=n_dec, blocks_per_prog=2, _tune=dict(tile_blocks=2)),
                      dict(num_decode_tokens=n_dec, blocks_per_prog=4,
-                          _tune=dict(tile_blocks=2, decode_stages=2))]
+                          _tune=dict(tile_blocks=2, decode_stages=2)),
+                     # ... with key-major scores (keys . q^T), one block and two per load
+                     dict(num_decode_tokens=n_dec, _tune=dict(key_major_dot=True)),
+                     dict(num_decode_tokens=n_dec, blocks_per_prog=4,
+                          _tune=dict(tile_blocks=2, decode_stages=2, key_major_dot=True))]
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
         # tuning knobs: several blocks per decode program, prefill split over
         # the context with a merge, top-k selection streaming several chunks
@@ -415,7 +424,11 @@ def test_index_block_topk_fp8_index_cache(dtype):
                           (2, dict(prefetch_rows=False), None),
                           (batch.T, dict(decode_stages=3), 4),  # the b32 launch shape
                           (batch.T, dict(tile_blocks=2), 2),
-                          (batch.T, dict(decode_stages=3, tile_blocks=2), 4)):
+                          (batch.T, dict(decode_stages=3, tile_blocks=2), 4),
+                          # the keys as the dot's left operand (key-major scores)
+                          (batch.T, dict(key_major_dot=True), None),
+                          (batch.T, dict(key_major_dot=True, decode_stages=2,
+                                         tile_blocks=2), 4)):
         out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,

@@ -2,14 +2,15 @@
 """Optional FP8 index-key cache of the MiniMax-M3 sparse layers.
 
 ``--hf-overrides '{"msa_index_cache_dtype": "fp8"}'`` stores each token's
-index key in e4m3 scaled by its amax / 448 (the float32 scale in the row's
-16-byte padding) and scores blocks with the dequantised keys: half the bytes of
+index key in e4m3 scaled by its amax / 448 (each page holds its keys, then
+their float32 scales: Didx + 4 bytes per token) and scores blocks with the dequantised keys: half the bytes of
 the index scan, which is most of a long-context decode step. Engines on CPU
 (reference ops) in float32 on a tiny checkpoint, 150-token prompt (5 sparse
 blocks of 32, top-2: block selection active), against the same engine with the
 model-dtype index cache:
-  * every sparse layer's index cache is e4m3 with Didx + 16 bytes per row, one
-    scale per written token, each written row's largest value is 448;
+  * every sparse layer's index cache is e4m3 with Didx + 4 bytes per token, one
+    scale per written token (read through fp8_index_cache_views, the engine's
+    view of the packed pages), each written row's largest value is 448;
   * the effect on the model, measured: teacher-forced prompt logprobs stay
     within 0.2 mean |diff| of the model-dtype index cache (measured 0.096 on
     this random model, whose sharp attention turns every flipped near-tied
@@ -32,6 +33,7 @@ PROBE = '''
 def probe(model):
     import torch
     from vllm.models.minimax_m3.common.attention import MiniMaxM3SparseAttention
+    from vllm.models.minimax_m3.common.sparse_ops import fp8_index_cache_views
     out = []
     for m in model.modules():
         if isinstance(m, MiniMaxM3SparseAttention):
@@ -39,10 +41,10 @@ def probe(model):
             d = m.index_cache.index_dim
             info = {"dtype": str(c.dtype), "row": int(c.shape[-1]), "index_dim": d}
             if c.dtype == torch.float8_e4m3fn:
-                s = c[..., d:d + 4].view(torch.float32).squeeze(-1)
+                keys, s = fp8_index_cache_views(c, d)
                 written = (s > 0) & torch.isfinite(s)
                 info["rows"] = int(written.sum())
-                info["amax"] = sorted({float(a) for a in c[..., :d].float().abs().amax(-1)[written]})
+                info["amax"] = sorted({float(a) for a in keys.float().abs().amax(-1)[written]})
             out.append(info)
     return out
 '''
@@ -71,7 +73,7 @@ def test_fp8_index_cache(ckpt, tmp_path):
     assert len(fp8["probe"]) == 3
     for layer in fp8["probe"]:
         assert layer["dtype"] == "torch.float8_e4m3fn", layer
-        assert layer["row"] == layer["index_dim"] + 16, layer
+        assert layer["row"] == layer["index_dim"] + 4, layer
         assert layer["rows"] == PROMPT_LEN + 5, layer  # every written token, once
         assert layer["amax"] == [448.0], layer
     a = base["rounds"][0][0]["prompt_logprobs"][1:]

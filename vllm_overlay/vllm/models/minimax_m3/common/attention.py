@@ -18,6 +18,7 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
 
 from .backend import MiniMaxM3IndexerBackend, MiniMaxM3SparseBackend
+from .sparse_ops import INDEX_SCALE_BYTES
 
 
 def _skips_kv_quant(cache_config: CacheConfig | None, prefix: str) -> bool:
@@ -82,9 +83,9 @@ INDEX_CACHE_DTYPES = ("auto", "fp8")
 
 def index_cache_dtype(config, top_config=None) -> str:
     """``msa_index_cache_dtype``: ``auto`` (default; index keys in the model
-    dtype) or ``fp8`` (e4m3 with one float32 scale per token in the row's
-    16-byte padding, computed when the key is written; half the bytes of the
-    index scan at long context)."""
+    dtype) or ``fp8`` (e4m3 with one float32 scale per token, computed when
+    the key is written: index_dim + 4 bytes per token, about half the bytes of
+    the index scan at long context)."""
     return _model_option(config, top_config, "msa_index_cache_dtype", INDEX_CACHE_DTYPES, "auto")
 
 
@@ -97,8 +98,9 @@ def _register_layer(prefix: str, layer: nn.Module) -> None:
 
 class MiniMaxM3IndexKCache(nn.Module, AttentionLayerBase):
     """Paged index-key cache: [num_pages, page_size, index_dim] in the model
-    dtype, or with ``fp8``: [num_pages, page_size, index_dim + 16] e4m3, each
-    row's float32 scale in bytes index_dim .. index_dim + 4 of its padding."""
+    dtype, or with ``fp8``: [num_pages, page_size, index_dim + 4] e4m3, each
+    page its keys then their float32 scales
+    (``sparse_ops.fp8_index_cache_views``)."""
 
     def __init__(
         self, index_dim: int, dtype: torch.dtype, prefix: str, cache_config: CacheConfig,
@@ -107,7 +109,7 @@ class MiniMaxM3IndexKCache(nn.Module, AttentionLayerBase):
         super().__init__()
         self.kv_cache = torch.tensor([])
         self.index_dim = index_dim
-        self.head_dim = index_dim + (KV_SCALE_PAD if fp8 else 0)
+        self.head_dim = index_dim + (INDEX_SCALE_BYTES if fp8 else 0)
         self.dtype = torch.float8_e4m3fn if fp8 else dtype
         self.prefix = prefix
         self.cache_config = cache_config
@@ -195,7 +197,8 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         if fp8_index_cache and index_dim % 4:
             raise ValueError(
                 f"MiniMax-M3: an fp8 index-key cache needs index_head_dim divisible "
-                f"by 4 (its float32 scale follows the key), got {index_dim}."
+                f"by 4 (a page holds its keys, then their float32 scales), got "
+                f"{index_dim}."
             )
         self.index_cache = MiniMaxM3IndexKCache(
             index_dim, self.dtype, f"{prefix}.index_k_cache", cache_config, fp8_index_cache

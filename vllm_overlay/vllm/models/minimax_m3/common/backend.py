@@ -415,7 +415,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         idx_q: torch.Tensor,  # [N, Hkv, Didx]
         idx_k: torch.Tensor,  # [N, Didx]
         kv_cache: torch.Tensor,  # [P, 2, page, Hkv, D]
-        idx_cache: torch.Tensor,  # [P, page, Didx] (fp8: Didx + 16, scale after the key)
+        idx_cache: torch.Tensor,  # [P, page, Didx] (fp8: Didx + 4, keys then scales per page)
         md: MiniMaxM3SparseMetadata,
         output: torch.Tensor,  # [N, Hq, D]
     ) -> torch.Tensor:
@@ -442,10 +442,9 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
         idx_scales = None
         if idx_cache.dtype == torch.float8_e4m3fn:
-            # fp8 index keys: each row [Didx] is followed by its float32 scale
-            Di = idx_k.shape[-1]
-            idx_scales = idx_cache[..., Di : Di + 4].view(torch.float32).squeeze(-1)
-            idx_cache = idx_cache[..., :Di]
+            # fp8 index keys: each page holds its keys, then their float32 scales
+            idx_cache, idx_scales = sparse_ops.fp8_index_cache_views(
+                idx_cache, idx_k.shape[-1])
         ops.write_cache(
             k[:T], v[:T], idx_k[:T], kv_cache, idx_cache, md.slot_mapping,
             k_scale, v_scale, kv_scales, idx_scales=idx_scales,

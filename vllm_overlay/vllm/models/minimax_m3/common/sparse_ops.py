@@ -7,7 +7,9 @@ These define the semantics the Triton kernels
 backend used on CPU. Layouts (per sparse layer):
 
 * ``kv_cache``:    [num_pages, 2, page_size, num_kv_heads, head_dim]
-* ``idx_k_cache``: [num_pages, page_size, index_dim]
+* ``idx_k_cache``: [num_pages, page_size, index_dim]; an fp8 one with its
+  ``idx_k_scales`` [num_pages, page_size] float32 are views of one packed
+  page allocation (``fp8_index_cache_views``)
 * ``kv_scales``:   [num_pages, 2, page_size, num_kv_heads] float32 (mode 2)
 
 Batch description for T flattened query tokens of R requests:
@@ -92,6 +94,42 @@ def write_sparse_cache(
         _write_rows(idx_scales, s, slots)
         idx_k = (idx_k.float() / s[:, None]).clamp(-fmax, fmax)
     _write_rows(idx_k_cache, idx_k, slots)
+
+
+INDEX_SCALE_BYTES = 4  # one float32 scale per fp8 index key
+
+
+def fp8_index_cache_views(
+    pages: torch.Tensor, index_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and the scales of an fp8 index-key cache, as views.
+
+    ``pages`` [num_pages, page_size, index_dim + 4] e4m3, contiguous, is how
+    the engine allocates it; a page holds its ``page_size`` keys first
+    (``index_dim`` bytes each), then their ``page_size`` float32 scales:
+    ``index_dim + 4`` bytes per token, and the keys of a page are one
+    contiguous run. Returns keys [num_pages, page_size, index_dim] e4m3 (page
+    stride ``page_size * (index_dim + 4)``) and scales [num_pages, page_size]
+    float32, the ``idx_k_cache`` / ``idx_k_scales`` of the ops here and of the
+    Triton kernels."""
+    if pages.dtype != torch.float8_e4m3fn or pages.dim() != 3:
+        raise ValueError(
+            "an fp8 index-key cache is e4m3 [num_pages, page_size, index_dim + "
+            f"{INDEX_SCALE_BYTES}], got {pages.dtype} {tuple(pages.shape)}")
+    num_pages, page_size, width = pages.shape
+    if index_dim % INDEX_SCALE_BYTES or width != index_dim + INDEX_SCALE_BYTES:
+        raise ValueError(
+            f"an fp8 index-key cache of index_dim {index_dim} (a multiple of "
+            f"{INDEX_SCALE_BYTES}) has rows of {index_dim + INDEX_SCALE_BYTES} bytes, "
+            f"got {width}")
+    if not pages.is_contiguous():
+        raise ValueError("the fp8 index-key cache must be contiguous (pages packed as "
+                         "[keys | scales]); got strides " + str(pages.stride()))
+    page_bytes = page_size * width
+    keys = pages.as_strided((num_pages, page_size, index_dim), (page_bytes, index_dim, 1))
+    flat = pages.view(num_pages, page_bytes).view(torch.uint8)
+    scales = flat[:, page_size * index_dim:].view(torch.float32)
+    return keys, scales
 
 
 def _gather_pages(

@@ -136,7 +136,8 @@ def index_block_topk(
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
         decode_warps, tile_blocks (sparse blocks per key load); rank_select:
         the top-k by rank in one pass, decode rows and the prefill splits'
-        candidates, default for rows of at most 64 entries).
+        candidates, default for rows of at most 64 entries); key_major_dot:
+        the decode scores as keys . q^T (the keys the MMA's left operand).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
     the block scores, with ``return_scores``).
     """
@@ -242,6 +243,7 @@ def index_block_topk(
             SINGLE_CHUNK=max_blocks <= chunk,
             DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl, TILE_BLOCKS=tile_blocks,
             RANK=rank, RANK_COLS=rank_cols,
+            KEY_MAJOR=bool(tune.get("key_major_dot", False)),
             num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
         if return_scores:
