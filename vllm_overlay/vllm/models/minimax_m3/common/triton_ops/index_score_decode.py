@@ -34,13 +34,18 @@ began), then waits for the previous launch (the cache write) to complete
 before it reads any index key or writes anything.
 DEC_STAGES > 0 software-pipelines the walk over a program's blocks (tl.range
 num_stages; a tuning knob for BLOCKS_PER_PROG > 1), 0 is a plain loop.
+FP8_QUERY (fp8 keys, 16-bit queries): each index query row is quantized to
+e4m3 by its own amax (``fp8_dot_operand``) and the dot runs in fp8, with no
+conversion of the keys; the row's scale is left out, so a token's scores for
+head h are all multiplied by the same positive factor (its top-k unchanged;
+the wrapper refuses ``return_scores`` with it).
 TILE_BLOCKS > 1 scores that many consecutive sparse blocks per step with one
 [TILE_BLOCKS * SPARSE_BLOCK, D] key load and one dot (needs BLOCK_N ==
 SPARSE_BLOCK and BLOCKS_PER_PROG a multiple of TILE_BLOCKS): more bytes in
 flight per program between two waits, for fp8 keys (16 KiB per 128-token block).
 """
 
-from ._paged import fp16_dot_operand, paged_rows
+from ._paged import fp8_dot_operand, fp16_dot_operand, paged_rows
 from ._triton import tl, tl_cuda, triton
 from .index_topk_select import select_topk_row
 
@@ -160,7 +165,7 @@ def index_block_max_decode_kernel(
     TOPK_PAD: tl.constexpr = 1, CHUNK: tl.constexpr = 16, SINGLE_CHUNK: tl.constexpr = True,
     DEC_STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, TILE_BLOCKS: tl.constexpr = 1,
     RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
-    KEY_MAJOR: tl.constexpr = False,
+    KEY_MAJOR: tl.constexpr = False, FP8_QUERY: tl.constexpr = False,
 ):
     if PDL:
         tl_cuda.gdc_launch_dependents()
@@ -180,7 +185,10 @@ def index_block_max_decode_kernel(
     q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
     if K_SCALED and not IEEE:
-        q = fp16_dot_operand(q)
+        if FP8_QUERY:
+            q = fp8_dot_operand(q)
+        else:
+            q = fp16_dot_operand(q)
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     out_row = out_ptr + t.to(tl.int64) * stride_ot + offs_h * stride_oh
     if PDL:
