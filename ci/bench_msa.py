@@ -2064,9 +2064,10 @@ def sweep_index_tiles(timer, dev, index_block_topk, block_sparse_attention):
 def sweep_index_dot(timer, dev, index_block_topk, block_sparse_attention):
     """Decode index scores as keys . q^T (``key_major_dot``: the converted keys
     are the MMA's left operand, no shared-memory round trip after the fp8
-    conversion) at each kind's launch shapes, against the default launch;
-    INDEX_TILE_SHAPES narrows it."""
-    km = dict(key_major_dot=True)
+    conversion), and with fp8 keys the dot in e4m3 (``fp8_query``), at each
+    kind's launch shapes, against the default launch (time, equal ids, top-k
+    overlap); INDEX_TILE_SHAPES narrows it."""
+    km, q8 = dict(key_major_dot=True), dict(fp8_query=True)
     variants = {
         False: ((None, None), (None, km), (4, dict(tile_blocks=2, decode_stages=2, **km))),
         True: ((None, None), (None, km), (8, dict(tile_blocks=2, decode_stages=2, **km)),
@@ -2075,7 +2076,12 @@ def sweep_index_dot(timer, dev, index_block_topk, block_sparse_attention):
                (16, dict(tile_blocks=2, decode_stages=2, **km)),
                (8, dict(tile_blocks=2, decode_stages=3, **km)),
                (8, dict(tile_blocks=2, decode_stages=2, decode_warps=8, **km)),
-               (16, dict(tile_blocks=4, decode_stages=2, decode_warps=8, **km))),
+               (16, dict(tile_blocks=4, decode_stages=2, decode_warps=8, **km)),
+               # the dot in e4m3 (index queries quantized per row): no key conversion
+               (None, q8), (None, dict(**q8, **km)),
+               (8, dict(tile_blocks=2, decode_stages=3, **q8, **km)),
+               (16, dict(tile_blocks=4, decode_stages=2, **q8, **km)),
+               (16, dict(tile_blocks=2, decode_stages=2, **q8))),
     }
     return _sweep_index_variants(timer, dev, index_block_topk, variants, "index_dot")
 
@@ -2096,12 +2102,16 @@ def _sweep_index_variants(timer, dev, index_block_topk, variants, kind):
                     return index_block_topk(
                         bt.idx_q, k, bt.block_table, bt.token_req, bt.token_pos, B, TOPK,
                         out=sel, num_decode_tokens=bt.T, blocks_per_prog=bpp, _tune=tune, **keys)
-                def same_as_ref(run=run):
+                ov = {}
+
+                def same_as_ref(run=run, ov=ov):
                     run()
+                    ov["overlap"] = overlap(sel, ref)
                     return bool(torch.equal(sel, ref))
                 same, t = checked_time(timer, run, same_as_ref)
                 out.append(dict(kind=kind, batch=batch, context=ctx, fp8_index=fp8,
-                                blocks_per_prog=bpp, tune=tune, ids_equal_default=same, us=t))
+                                blocks_per_prog=bpp, tune=tune, ids_equal_default=same,
+                                overlap_default=ov.get("overlap"), us=t))
                 print(f"[sweep] {out[-1]}", flush=True)
         del bt
     return out
