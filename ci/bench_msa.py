@@ -1174,7 +1174,7 @@ SWEEP_KINDS = ("decode", "prefill_index", "prefill_tiles", "prefill_attn", "fp8_
                "prefill_index_shapes", "pdl", "l2", "prefill_index_wide", "pdl_fused",
                "block_major", "decode_profile", "decode_variants", "decode_attn_warps",
                "prefill_attn_profile", "index_tiles", "read_ceiling", "kv_dtype_parity",
-               "latency_floor", "prefill_index_split", "index_dot")
+               "latency_floor", "prefill_index_split")
 
 
 def env_shapes(name, default):
@@ -1209,7 +1209,7 @@ def sweep(timer, dev, kinds=SWEEP_KINDS):
                    prefill_attn_profile=sweep_prefill_attn_profile,
                    index_tiles=sweep_index_tiles, read_ceiling=sweep_read_ceiling,
                    kv_dtype_parity=sweep_kv_dtype_parity, latency_floor=sweep_latency_floor,
-                   prefill_index_split=sweep_prefill_index_split, index_dot=sweep_index_dot)
+                   prefill_index_split=sweep_prefill_index_split)
     out = []
     for kind in kinds:
         out += runners[kind](timer, dev, index_block_topk, block_sparse_attention)
@@ -2061,32 +2061,11 @@ def sweep_index_tiles(timer, dev, index_block_topk, block_sparse_attention):
     return _sweep_index_variants(timer, dev, index_block_topk, variants, "index_tiles")
 
 
-def sweep_index_dot(timer, dev, index_block_topk, block_sparse_attention):
-    """Decode index scores as keys . q^T (``key_major_dot``: the converted keys
-    are the MMA's left operand, no shared-memory round trip after the fp8
-    conversion), and with fp8 keys the dot in e4m3 (``fp8_query``), at each
-    kind's launch shapes, against the default launch (time, equal ids, top-k
-    overlap); INDEX_TILE_SHAPES narrows it."""
-    km, q8 = dict(key_major_dot=True), dict(fp8_query=True)
-    variants = {
-        False: ((None, None), (None, km), (4, dict(tile_blocks=2, decode_stages=2, **km))),
-        True: ((None, None), (None, km), (8, dict(tile_blocks=2, decode_stages=2, **km)),
-               (4, dict(decode_stages=3, **km)), (4, dict(tile_blocks=2, decode_stages=3, **km)),
-               (8, dict(tile_blocks=4, decode_stages=2, **km)),
-               (16, dict(tile_blocks=2, decode_stages=2, **km)),
-               (8, dict(tile_blocks=2, decode_stages=3, **km)),
-               (8, dict(tile_blocks=2, decode_stages=2, decode_warps=8, **km)),
-               (16, dict(tile_blocks=4, decode_stages=2, decode_warps=8, **km)),
-               # the dot in e4m3 (index queries quantized per row): no key conversion
-               (None, q8), (None, dict(**q8, **km)),
-               (8, dict(tile_blocks=2, decode_stages=3, **q8, **km)),
-               (16, dict(tile_blocks=4, decode_stages=2, **q8, **km)),
-               (16, dict(tile_blocks=2, decode_stages=2, **q8))),
-    }
-    return _sweep_index_variants(timer, dev, index_block_topk, variants, "index_dot")
-
-
 def _sweep_index_variants(timer, dev, index_block_topk, variants, kind):
+    """Times each (blocks_per_prog, _tune) of ``variants[fp8_index]`` at the
+    INDEX_TILE_SHAPES; its ids against the default launch's (equal, overlap).
+    (Run 50 timed two more decode dot forms here, the keys as the MMA's left
+    operand and the dot in e4m3; neither was faster: 2026-12-02-gpu-h200-run50.md.)"""
     out = []
     for batch, ctx in env_shapes("INDEX_TILE_SHAPES", "32x131072,32x32768,32x8192,1x8192"):
         bt = Batch([ctx] * batch, 1, 0, dev, idx_fp8=True)

@@ -319,11 +319,7 @@ def test_index_block_topk(case, shape, dtype):
         # decode index scoring two sparse blocks per key load, plain and pipelined
         variants += [dict(num_decode_tokens=n_dec, blocks_per_prog=2, _tune=dict(tile_blocks=2)),
                      dict(num_decode_tokens=n_dec, blocks_per_prog=4,
-                          _tune=dict(tile_blocks=2, decode_stages=2)),
-                     # ... with key-major scores (keys . q^T), one block and two per load
-                     dict(num_decode_tokens=n_dec, _tune=dict(key_major_dot=True)),
-                     dict(num_decode_tokens=n_dec, blocks_per_prog=4,
-                          _tune=dict(tile_blocks=2, decode_stages=2, key_major_dot=True))]
+                          _tune=dict(tile_blocks=2, decode_stages=2))]
     if not ON_GPU and dtype == torch.float32 and shape == SHAPES[0]:
         # tuning knobs: several blocks per decode program, prefill split over
         # the context with a merge, top-k selection streaming several chunks
@@ -424,37 +420,12 @@ def test_index_block_topk_fp8_index_cache(dtype):
                           (2, dict(prefetch_rows=False), None),
                           (batch.T, dict(decode_stages=3), 4),  # the b32 launch shape
                           (batch.T, dict(tile_blocks=2), 2),
-                          (batch.T, dict(decode_stages=3, tile_blocks=2), 4),
-                          # the keys as the dot's left operand (key-major scores)
-                          (batch.T, dict(key_major_dot=True), None),
-                          (batch.T, dict(key_major_dot=True, decode_stages=2,
-                                         tile_blocks=2), 4)):
+                          (batch.T, dict(decode_stages=3, tile_blocks=2), 4)):
         out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
         got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
                                batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
                                num_decode_tokens=nd, blocks_per_prog=bpp, _tune=tune)
         check_topk(got, scores, topk, tag=f"[seed {seed} fp8 idx nd={nd} {tune}]")
-    if dtype != torch.float32:
-        # _tune fp8_query: the dot in e4m3, each index query row quantized by its
-        # amax; the oracle scores the same quantized queries
-        qf = idx_q.float()
-        amax = qf.abs().amax(-1, keepdim=True)
-        mult = torch.where(amax > 0, 448.0 / amax, torch.ones_like(amax))
-        q_fp8 = (qf * mult).clamp(-448, 448).to(FP8).float() / mult
-        scores_fp8q = ref_block_scores(batch, q_fp8, idx_k, B, 1, 0, idx_scales=idx_s)
-        for tune, bpp in ((dict(fp8_query=True), None),
-                          (dict(fp8_query=True, key_major_dot=True), None),
-                          (dict(fp8_query=True, key_major_dot=True, decode_stages=2,
-                                tile_blocks=2), 4)):
-            out = torch.full((batch.T, 1, topk), 12345, dtype=torch.int32, device=DEVICE)
-            got = index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,
-                                   batch.token_pos, B, topk, idx_k_scales=idx_s, out=out,
-                                   num_decode_tokens=batch.T, blocks_per_prog=bpp, _tune=tune)
-            check_topk(got, scores_fp8q, topk, tag=f"[seed {seed} fp8 idx {tune}]")
-        with pytest.raises(ValueError, match="fp8_query"):
-            index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req, batch.token_pos,
-                             B, topk, idx_k_scales=idx_s, num_decode_tokens=batch.T,
-                             return_scores=True, _tune=dict(fp8_query=True))
     # the PyTorch reference backend's op takes the same fp8 cache and scales
     from vllm.models.minimax_m3.common import sparse_ops
     ref = sparse_ops.index_block_topk(idx_q, idx_k, batch.block_table, batch.token_req,

@@ -37,18 +37,6 @@ def paged_rows(bt_row_ptr, key_pos, key_mask, stride_page, stride_slot, stride_s
 
 
 @triton.jit
-def fp8_dot_operand(x):
-    """``x`` [rows, D] as an e4m3 tl.dot operand for products with fp8 keys:
-    each row scaled by 448 / its amax (an all-zero row is left as is). The
-    row's scale is not returned: products of a row all carry the same
-    positive factor, which rankings within the row do not see."""
-    xf = x.to(tl.float32)
-    amax = tl.max(tl.abs(xf), axis=1)
-    mult = tl.where(amax > 0, 448.0 / amax, 1.0)
-    return tl.clamp(xf * mult[:, None], -448.0, 448.0).to(tl.float8e4nv)
-
-
-@triton.jit
 def fp16_dot_operand(x):
     """``x`` as an fp16 tl.dot operand for products with fp8 (e4m3) keys,
     clamped to fp16's finite range: e4m3 -> fp16 is one exact conversion per

@@ -34,18 +34,13 @@ began), then waits for the previous launch (the cache write) to complete
 before it reads any index key or writes anything.
 DEC_STAGES > 0 software-pipelines the walk over a program's blocks (tl.range
 num_stages; a tuning knob for BLOCKS_PER_PROG > 1), 0 is a plain loop.
-FP8_QUERY (fp8 keys, 16-bit queries): each index query row is quantized to
-e4m3 by its own amax (``fp8_dot_operand``) and the dot runs in fp8, with no
-conversion of the keys; the row's scale is left out, so a token's scores for
-head h are all multiplied by the same positive factor (its top-k unchanged;
-the wrapper refuses ``return_scores`` with it).
 TILE_BLOCKS > 1 scores that many consecutive sparse blocks per step with one
 [TILE_BLOCKS * SPARSE_BLOCK, D] key load and one dot (needs BLOCK_N ==
 SPARSE_BLOCK and BLOCKS_PER_PROG a multiple of TILE_BLOCKS): more bytes in
 flight per program between two waits, for fp8 keys (16 KiB per 128-token block).
 """
 
-from ._paged import fp8_dot_operand, fp16_dot_operand, paged_rows
+from ._paged import fp16_dot_operand, paged_rows
 from ._triton import tl, tl_cuda, triton
 from .index_topk_select import select_topk_row
 
@@ -53,48 +48,32 @@ from .index_topk_select import select_topk_row
 @triton.jit
 def _key_scores(q, k_ptr, ks_ptr, bt_row, kp, pos, offs_d, dmask,
                 stride_kp, stride_ks, stride_sp, stride_ss, PAGE_SIZE: tl.constexpr,
-                K_SCALED: tl.constexpr, IEEE: tl.constexpr, KEY_MAJOR: tl.constexpr = False):
+                K_SCALED: tl.constexpr, IEEE: tl.constexpr):
     """[H_PAD, N] fp32 scores of the index queries ``q`` against the keys at
     absolute positions ``kp`` [N] (times their scales if K_SCALED); -inf for
-    keys after ``pos``. KEY_MAJOR: [N, H_PAD] instead (``_key_scores_at``)."""
+    keys after ``pos``."""
     kmask = kp <= pos
     row, srow = paged_rows(bt_row, kp, kmask, stride_kp, stride_ks, stride_sp, stride_ss,
                            PAGE_SIZE, K_SCALED)
-    return _key_scores_at(q, k_ptr, ks_ptr, row, srow, kmask, offs_d, dmask, K_SCALED, IEEE,
-                          KEY_MAJOR)
+    return _key_scores_at(q, k_ptr, ks_ptr, row, srow, kmask, offs_d, dmask, K_SCALED, IEEE)
 
 
 @triton.jit
 def _key_scores_at(q, k_ptr, ks_ptr, row, srow, kmask, offs_d, dmask,
-                   K_SCALED: tl.constexpr, IEEE: tl.constexpr, KEY_MAJOR: tl.constexpr = False):
+                   K_SCALED: tl.constexpr, IEEE: tl.constexpr):
     """``_key_scores`` from cache row offsets already resolved through the
     block table: ``row`` [N] into the index cache, ``srow`` [N] into its
-    scales (K_SCALED only); ``kmask`` [N] the visible keys.
-    KEY_MAJOR: the keys are the dot's left operand, scores [N, H_PAD] =
-    keys . q^T. On sm_90 the converted keys then feed the MMA
-    from registers; as the right operand (the default) they make a round trip
-    through shared memory after the conversion."""
+    scales (K_SCALED only); ``kmask`` [N] the visible keys."""
     k = tl.load(k_ptr + row[:, None] + offs_d[None, :],
                 mask=kmask[:, None] & dmask[None, :], other=0.0)
-    if KEY_MAJOR:
-        if IEEE:
-            s = tl.dot(k.to(tl.float32), tl.trans(q.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(k.to(q.dtype), tl.trans(q))
-        if K_SCALED:
-            ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
-            s = s * ksc[:, None]
-        s = tl.where(kmask[:, None], s, float("-inf"))
+    if IEEE:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
-        if IEEE:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k.to(q.dtype)))
-        if K_SCALED:
-            ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
-            s = s * ksc[None, :]
-        s = tl.where(kmask[None, :], s, float("-inf"))
-    return s
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    if K_SCALED:
+        ksc = tl.load(ks_ptr + srow, mask=kmask, other=0.0)
+        s = s * ksc[None, :]
+    return tl.where(kmask[None, :], s, float("-inf"))
 
 
 @triton.jit
@@ -102,17 +81,14 @@ def _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_n, offs_d,
                  H_PAD: tl.constexpr, stride_kp, stride_ks, stride_sp, stride_ss,
                  SPARSE_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                  LOCAL: tl.constexpr, INIT: tl.constexpr,
-                 K_SCALED: tl.constexpr, IEEE: tl.constexpr, KEY_MAJOR: tl.constexpr):
+                 K_SCALED: tl.constexpr, IEEE: tl.constexpr):
     """Max score of sparse block ``b`` for every index head -> out_row[h, b]."""
     bmax = tl.full([H_PAD], float("-inf"), tl.float32)
     for n0 in tl.static_range(0, SPARSE_BLOCK, BLOCK_N):
         s = _key_scores(q, k_ptr, ks_ptr, bt_row, b * SPARSE_BLOCK + n0 + offs_n, pos, offs_d,
                         dmask, stride_kp, stride_ks, stride_sp, stride_ss, PAGE_SIZE,
-                        K_SCALED, IEEE, KEY_MAJOR)
-        if KEY_MAJOR:
-            bmax = tl.maximum(bmax, tl.max(s, axis=0))
-        else:
-            bmax = tl.maximum(bmax, tl.max(s, axis=1))
+                        K_SCALED, IEEE)
+        bmax = tl.maximum(bmax, tl.max(s, axis=1))
     forced = (b > own - LOCAL) | (b < INIT)
     bmax = tl.where(forced, float("inf"), bmax)
     tl.store(out_row + b, bmax, mask=hmask)
@@ -123,25 +99,17 @@ def _score_block_tile(q, k_ptr, ks_ptr, bt_row, out_row, b, pos, own, offs_d, dm
                       H_PAD: tl.constexpr, stride_kp, stride_ks, stride_sp, stride_ss,
                       SPARSE_BLOCK: tl.constexpr, TILE_BLOCKS: tl.constexpr,
                       PAGE_SIZE: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
-                      K_SCALED: tl.constexpr, IEEE: tl.constexpr, KEY_MAJOR: tl.constexpr):
+                      K_SCALED: tl.constexpr, IEEE: tl.constexpr):
     """Max scores of sparse blocks ``b .. b + TILE_BLOCKS - 1`` for every index
     head -> out_row[h, blk] for the blocks up to ``own``, from one key load."""
     s = _key_scores(q, k_ptr, ks_ptr, bt_row,
                     b * SPARSE_BLOCK + tl.arange(0, TILE_BLOCKS * SPARSE_BLOCK), pos, offs_d,
-                    dmask, stride_kp, stride_ks, stride_sp, stride_ss, PAGE_SIZE, K_SCALED, IEEE,
-                    KEY_MAJOR)
+                    dmask, stride_kp, stride_ks, stride_sp, stride_ss, PAGE_SIZE, K_SCALED, IEEE)
+    bmax = tl.max(tl.reshape(s, [H_PAD, TILE_BLOCKS, SPARSE_BLOCK]), axis=2)
     blk = b + tl.arange(0, TILE_BLOCKS)
     forced = (blk > own - LOCAL) | (blk < INIT)
-    if KEY_MAJOR:  # s [N, H_PAD]: the blocks' maxima as [TILE_BLOCKS, H_PAD]
-        bmax = tl.max(tl.reshape(s, [TILE_BLOCKS, SPARSE_BLOCK, H_PAD]), axis=1)
-        bmax = tl.where(forced[:, None], float("inf"), bmax)
-        tl.store(out_row[None, :] + blk[:, None], bmax,
-                 mask=hmask[None, :] & (blk <= own)[:, None])
-    else:
-        bmax = tl.max(tl.reshape(s, [H_PAD, TILE_BLOCKS, SPARSE_BLOCK]), axis=2)
-        bmax = tl.where(forced[None, :], float("inf"), bmax)
-        tl.store(out_row[:, None] + blk[None, :], bmax,
-                 mask=hmask[:, None] & (blk <= own)[None, :])
+    bmax = tl.where(forced[None, :], float("inf"), bmax)
+    tl.store(out_row[:, None] + blk[None, :], bmax, mask=hmask[:, None] & (blk <= own)[None, :])
 
 
 @triton.jit
@@ -165,7 +133,6 @@ def index_block_max_decode_kernel(
     TOPK_PAD: tl.constexpr = 1, CHUNK: tl.constexpr = 16, SINGLE_CHUNK: tl.constexpr = True,
     DEC_STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, TILE_BLOCKS: tl.constexpr = 1,
     RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
-    KEY_MAJOR: tl.constexpr = False, FP8_QUERY: tl.constexpr = False,
 ):
     if PDL:
         tl_cuda.gdc_launch_dependents()
@@ -185,10 +152,7 @@ def index_block_max_decode_kernel(
     q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
                 mask=hmask[:, None] & dmask[None, :], other=0.0)
     if K_SCALED and not IEEE:
-        if FP8_QUERY:
-            q = fp8_dot_operand(q)
-        else:
-            q = fp16_dot_operand(q)
+        q = fp16_dot_operand(q)
     bt_row = bt_ptr + req.to(tl.int64) * stride_bt
     out_row = out_ptr + t.to(tl.int64) * stride_ot + offs_h * stride_oh
     if PDL:
@@ -198,26 +162,22 @@ def index_block_max_decode_kernel(
         for i in tl.range(0, nb, TILE_BLOCKS, num_stages=DEC_STAGES):
             _score_block_tile(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_d,
                               dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
-                              SPARSE_BLOCK, TILE_BLOCKS, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE,
-                              KEY_MAJOR)
+                              SPARSE_BLOCK, TILE_BLOCKS, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
     elif TILE_BLOCKS > 1:
         for i in range(0, nb, TILE_BLOCKS):
             _score_block_tile(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_d,
                               dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
-                              SPARSE_BLOCK, TILE_BLOCKS, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE,
-                              KEY_MAJOR)
+                              SPARSE_BLOCK, TILE_BLOCKS, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
     elif DEC_STAGES > 0:  # software-pipelined walk over this program's blocks
         for i in tl.range(0, nb, num_stages=DEC_STAGES):
             _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
                          dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
-                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE,
-                         KEY_MAJOR)
+                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
     else:
         for i in range(0, nb):
             _score_block(q, k_ptr, ks_ptr, bt_row, out_row, b0 + i, pos, own, offs_n, offs_d,
                          dmask, hmask, H_PAD, stride_kp, stride_ks, stride_sp, stride_ss,
-                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE,
-                         KEY_MAJOR)
+                         SPARSE_BLOCK, BLOCK_N, PAGE_SIZE, LOCAL, INIT, K_SCALED, IEEE)
 
     if FUSED_SELECT:
         # acq_rel: this program's score stores are released before the count,

@@ -136,10 +136,7 @@ def index_block_topk(
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
         decode_warps, tile_blocks (sparse blocks per key load); rank_select:
         the top-k by rank in one pass, decode rows and the prefill splits'
-        candidates, default for rows of at most 64 entries); key_major_dot:
-        the decode scores as keys . q^T (the keys the MMA's left operand);
-        fp8_query (fp8 keys): the decode dot in e4m3, each index query row
-        quantized by its amax (the selection can change at near-ties).
+        candidates, default for rows of at most 64 entries).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
     the block scores, with ``return_scores``).
     """
@@ -180,10 +177,6 @@ def index_block_topk(
     sms = num_sms(device)
     tune = _tune or {}
 
-    fp8_query = bool(tune.get("fp8_query", False)) and k_scaled and not ieee
-    if fp8_query and return_scores:
-        raise ValueError("_tune fp8_query leaves each query row's scale out of the scores; "
-                         "it cannot return them (return_scores)")
     if nd > 0:
         dec_stages = 0  # plain loop over a program's blocks
         tile_blocks = 1  # sparse blocks per key load
@@ -249,8 +242,6 @@ def index_block_topk(
             SINGLE_CHUNK=max_blocks <= chunk,
             DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl, TILE_BLOCKS=tile_blocks,
             RANK=rank, RANK_COLS=rank_cols,
-            KEY_MAJOR=bool(tune.get("key_major_dot", False)),
-            FP8_QUERY=fp8_query,
             num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
         if return_scores:
