@@ -224,3 +224,40 @@ def test_impl_fp8_kv_cache_scalar_scales_close_to_fp32():
     # Exactly what an fp32 cache of the e4m3-rounded K/V gives.
     exact = _impl_run("auto", torch.float32, pre_quant=(0.05, 0.02))
     torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_index_cache_views_pack_keys_then_scales():
+    """The fp8 index-key cache the engine allocates, [pages, page, Didx + 4]
+    e4m3: each page holds its keys (Didx bytes each), then their float32
+    scales; the views write exactly those bytes."""
+    from vllm.models.minimax_m3.common.sparse_ops import fp8_index_cache_views
+
+    P, S, D = 3, 16, 32
+    pages = torch.zeros(P, S, D + 4, dtype=torch.float8_e4m3fn)
+    keys, scales = fp8_index_cache_views(pages, D)
+    assert keys.shape == (P, S, D) and scales.shape == (P, S)
+    assert scales.dtype == torch.float32
+    vals = torch.arange(1, D + 1, dtype=torch.float32).to(torch.float8_e4m3fn)
+    keys[2, 5] = vals
+    scales[1, 7] = 0.375
+    raw = pages.view(torch.uint8).reshape(P, S * (D + 4))
+    page_keys = raw[2, : S * D].view(torch.float8_e4m3fn).reshape(S, D).float()
+    assert torch.equal(page_keys[5], vals.float())
+    assert int((page_keys != 0).sum()) == D  # nothing else was written
+    page_scales = raw[1, S * D :].view(torch.float32)
+    assert page_scales[7] == 0.375 and int((page_scales != 0).sum()) == 1
+    assert int((raw[0] != 0).sum()) == 0
+
+
+def test_fp8_index_cache_views_refuse_bad_caches():
+    from vllm.models.minimax_m3.common.sparse_ops import fp8_index_cache_views
+
+    good = torch.zeros(2, 16, 36, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="rows of 36 bytes, got 48"):
+        fp8_index_cache_views(torch.zeros(2, 16, 48, dtype=torch.float8_e4m3fn), 32)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        fp8_index_cache_views(torch.zeros(2, 16, 34, dtype=torch.float8_e4m3fn), 30)
+    with pytest.raises(ValueError, match="e4m3"):
+        fp8_index_cache_views(good.float(), 32)
+    with pytest.raises(ValueError, match="contiguous"):
+        fp8_index_cache_views(good.transpose(0, 1), 32)
