@@ -66,6 +66,7 @@ KV_KINDS = (("bf16", 0), ("fp8", 1), ("fp8-pth", 2))
 # ----------------------------------------------------------------------------
 # kernels
 # ----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
 def _load_sparse_ops():
     """The reference ops module (torch only): installed, else the overlay's file."""
     try:
