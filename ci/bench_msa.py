@@ -80,10 +80,6 @@ def _load_sparse_ops():
         return mod
 
 
-def fp8_index_cache_views(pages, index_dim):
-    return _load_sparse_ops().fp8_index_cache_views(pages, index_dim)
-
-
 def load_kernels():
     try:
         from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention,
@@ -185,7 +181,7 @@ class Batch:
             # (DIDX + 4 bytes per token), keys and scales as views of them
             s = self.idx_k.float().abs().amax(-1) / 448.0
             pages = torch.zeros(num_pages, PAGE, DIDX + 4, dtype=FP8, device=dev)
-            self.idx_k8, self.idx_s = fp8_index_cache_views(pages, DIDX)
+            self.idx_k8, self.idx_s = _load_sparse_ops().fp8_index_cache_views(pages, DIDX)
             self.idx_k8.copy_((self.idx_k.float() / s[..., None]).to(FP8))
             self.idx_s.copy_(s)
         self.q = torch.randn(T, HQ, D, device=dev, dtype=torch.bfloat16)

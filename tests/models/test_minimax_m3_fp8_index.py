@@ -3,8 +3,9 @@
 
 ``--hf-overrides '{"msa_index_cache_dtype": "fp8"}'`` stores each token's
 index key in e4m3 scaled by its amax / 448 (each page holds its keys, then
-their float32 scales: Didx + 4 bytes per token) and scores blocks with the dequantised keys: half the bytes of
-the index scan, which is most of a long-context decode step. Engines on CPU
+their float32 scales: Didx + 4 bytes per token) and scores blocks with the
+dequantised keys: half the bytes of the index scan, which is most of a
+long-context decode step. Engines on CPU
 (reference ops) in float32 on a tiny checkpoint, 150-token prompt (5 sparse
 blocks of 32, top-2: block selection active), against the same engine with the
 model-dtype index cache:

@@ -194,11 +194,11 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         )
         self.kv_cache = torch.tensor([])
         _register_layer(prefix, self)
-        if fp8_index_cache and index_dim % 4:
+        if fp8_index_cache and index_dim % INDEX_SCALE_BYTES:
             raise ValueError(
                 f"MiniMax-M3: an fp8 index-key cache needs index_head_dim divisible "
-                f"by 4 (a page holds its keys, then their float32 scales), got "
-                f"{index_dim}."
+                f"by {INDEX_SCALE_BYTES} (a page holds its keys, then their float32 "
+                f"scales), got {index_dim}."
             )
         self.index_cache = MiniMaxM3IndexKCache(
             index_dim, self.dtype, f"{prefix}.index_k_cache", cache_config, fp8_index_cache
