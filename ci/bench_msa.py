@@ -533,7 +533,8 @@ def sweep_read_ceiling(timer, dev, index_block_topk, block_sparse_attention):
     (Triton, 16-byte loads, several bytes per program and warps; torch's sum)
     over buffers of READ_CEILING_MIB sizes, both flushes, and the best ones
     chained as two dependent launches (index keys, then the selected K/V:
-    b32 x 8k is 64 + 32 MiB, b32 x 32k 256 + 32 MiB).  Any kernel that reads
+    b32 x 8k is 64 + 32 MiB, b32 x 32k 256 + 32 MiB; READ_CEILING_CHAINS, e.g.
+    ``528+32`` for b32 x 128k with the fp8 index).  Any kernel that reads
     these bytes in that order takes at least about the chained minimum."""
     _read_once = read_once_kernel()
 
@@ -563,7 +564,8 @@ def sweep_read_ceiling(timer, dev, index_block_topk, block_sparse_attention):
                 if key not in best or row[f"{fl}_flush_us"] < best[key][1]:
                     best[key] = (name, row[f"{fl}_flush_us"], fn)
             print(f"[sweep] {row}", flush=True)
-    for first, second in ((64, 32), (256, 32)):
+    chains = os.environ.get("READ_CEILING_CHAINS", "64+32,256+32")
+    for first, second in (tuple(int(x) for x in c.split("+")) for c in chains.split(",")):
         if (first, "write") not in best or (second, "write") not in best:
             continue
         row = dict(kind="read_ceiling_chain", first_mib=first, second_mib=second)

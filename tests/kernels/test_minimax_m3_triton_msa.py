@@ -306,7 +306,11 @@ def test_index_block_topk(case, shape, dtype):
                 # ... its top-k by arg-max rounds (short rows default to ranks)
                 dict(num_decode_tokens=n_dec, fused_select=True, _tune=dict(rank_select=False)),
                 # the decode top-k by arg-max rounds (short rows default to ranks)
-                dict(num_decode_tokens=n_dec, _tune=dict(rank_select=False))]
+                dict(num_decode_tokens=n_dec, _tune=dict(rank_select=False)),
+                # ... by a bitwise threshold search, in its own launch and fused
+                dict(num_decode_tokens=n_dec, _tune=dict(radix_select=True, rank_select=False)),
+                dict(num_decode_tokens=n_dec, fused_select=True,
+                     _tune=dict(radix_select=True, rank_select=False))]
     if ON_GPU or batch.T <= 12:
         variants.append(dict(num_decode_tokens=batch.T))
     # the prefill index skipping the causal mask of fully visible blocks
@@ -361,6 +365,8 @@ def test_index_block_topk_local_init(local, init):
     for kw in (dict(num_decode_tokens=batch.T), dict(num_decode_tokens=0),
                dict(num_decode_tokens=2, context_splits=2, select_chunk=2),
                dict(num_decode_tokens=2, fused_select=True),
+               # forced blocks (+inf) tie at the top: the threshold search keeps them all
+               dict(num_decode_tokens=2, _tune=dict(radix_select=True, rank_select=False)),
                dict(num_decode_tokens=2, _tune=dict(prefetch_rows=False)),
                dict(num_decode_tokens=2, _tune=dict(skip_full_mask=True))):
         out = torch.full((batch.T, H, topk), 12345, dtype=torch.int32, device=DEVICE)

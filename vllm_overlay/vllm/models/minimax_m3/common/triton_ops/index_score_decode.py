@@ -24,7 +24,7 @@ FUSED_SELECT (stage 2 in the same launch): each program then increments the
 token's arrival counter ``counters[t]`` (int32, zero before the launch); the
 program that arrives last reads the token's complete score rows and writes
 the top-k block ids to ``sel [T, H, TOPK]`` (as block_topk_select_kernel,
-by rank where RANK),
+by rank where RANK, by a threshold search where RADIX),
 then puts the counter back to 0, so a persistent zeroed buffer stays valid
 across launches and CUDA-graph replays.  One launch instead of two.
 PDL (programmatic dependent launch, CUDA sm90+; the wrapper launches with
@@ -132,7 +132,7 @@ def index_block_max_decode_kernel(
     FUSED_SELECT: tl.constexpr = False, TOPK: tl.constexpr = 1,
     TOPK_PAD: tl.constexpr = 1, CHUNK: tl.constexpr = 16, SINGLE_CHUNK: tl.constexpr = True,
     DEC_STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, TILE_BLOCKS: tl.constexpr = 1,
-    RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
+    RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16, RADIX: tl.constexpr = False,
 ):
     if PDL:
         tl_cuda.gdc_launch_dependents()
@@ -192,5 +192,5 @@ def index_block_max_decode_kernel(
                                 max_blocks,
                                 sel_ptr + t64 * stride_selt + h * stride_selh,
                                 TOPK, TOPK_PAD, CHUNK, False, SINGLE_CHUNK, True,
-                                RANK, RANK_COLS)
+                                RANK, RANK_COLS, RADIX)
             tl.atomic_xchg(cnt_ptr + t, 0)

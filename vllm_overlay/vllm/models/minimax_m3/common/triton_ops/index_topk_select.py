@@ -20,6 +20,11 @@ pass over [CHUNK, RANK_COLS] tiles, and the entries ranked below TOPK go
 straight to the slot of their rank (CHUNK x CHUNK comparisons: for short
 rows, i.e. short contexts, or the prefill index's candidates of a few
 splits); with HAS_IDS the slot gets the entry's id, else its column.
+RADIX (SINGLE_CHUNK only): no arg-max rounds either; the TOPK-th largest
+score is found bit by bit (32 rounds of one count over the row held in
+registers: the largest threshold with at least TOPK entries at or above it),
+then the entries above it, and the leftmost entries equal to it, are written
+in column order (not by descending score).
 """
 
 from ._triton import tl, tl_cuda, triton
@@ -98,17 +103,64 @@ def rank_topk_row(vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr, TOPK: tl
 
 
 @triton.jit
+def order_keys(v):
+    """uint32 keys ordered as the float32 scores ``v`` (no NaNs): negative
+    scores have every bit flipped, the others only the sign bit."""
+    bits = v.to(tl.uint32, bitcast=True)
+    return bits ^ tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000)
+
+
+@triton.jit
+def radix_topk_row(vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr, TOPK: tl.constexpr,
+                   TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr, VOLATILE: tl.constexpr,
+                   HAS_IDS: tl.constexpr = False):
+    """``select_topk_row`` by a bitwise threshold search for a row of at most
+    CHUNK entries; the chosen entries fill the slots in column order (ties at
+    the threshold: the lower columns)."""
+    offs = tl.arange(0, CHUNK)
+    v = tl.load(vals_ptr + row + offs, mask=offs < n_cols, other=float("-inf"),
+                volatile=VOLATILE)
+    cand = (offs < n_valid) & (v > float("-inf"))
+    # key 0 marks a non-candidate: every finite or +inf score orders above it
+    keys = tl.where(cand, order_keys(v), 0)
+    tau = tl.zeros([], tl.uint32)
+    for bit in tl.static_range(31, -1, -1):
+        trial = tau | (1 << bit)
+        at_least = tl.sum((keys >= trial).to(tl.int32), axis=0)
+        tau = tl.where(at_least >= TOPK, trial, tau)
+    # tau: the TOPK-th largest key, or 0 when fewer than TOPK are candidates
+    above = keys > tau
+    tie = (keys == tau) & cand
+    need = TOPK - tl.sum(above.to(tl.int32), axis=0)
+    chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= need))
+    slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    if HAS_IDS:
+        picked = tl.load(ids_ptr + row + offs, mask=chosen, other=-1)
+    else:
+        picked = offs.to(tl.int32)
+    tl.store(out_row_ptr + slot, picked, mask=chosen)
+    n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
+    offs_k = tl.arange(0, TOPK_PAD)
+    tl.store(out_row_ptr + offs_k, tl.full([TOPK_PAD], -1, tl.int32),
+             mask=(offs_k >= n_chosen) & (offs_k < TOPK))
+
+
+@triton.jit
 def select_topk_row(
     vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr,
     TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, CHUNK: tl.constexpr,
     HAS_IDS: tl.constexpr, SINGLE_CHUNK: tl.constexpr, VOLATILE: tl.constexpr,
-    RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
+    RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16, RADIX: tl.constexpr = False,
 ):
     """Top-k of ``vals[row + 0 .. row + n_valid)`` into ``out_row_ptr[0:TOPK]``.
     VOLATILE: read the row uncached (it was written by other programs of the
     same launch; see index_block_max_decode_kernel's FUSED_SELECT).
-    RANK: ``rank_topk_row`` (SINGLE_CHUNK rows)."""
-    if RANK:
+    RANK: ``rank_topk_row``, RADIX: ``radix_topk_row`` (SINGLE_CHUNK rows)."""
+    if RADIX:
+        tl.static_assert(SINGLE_CHUNK)
+        radix_topk_row(vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr, TOPK, TOPK_PAD,
+                       CHUNK, VOLATILE, HAS_IDS)
+    elif RANK:
         tl.static_assert(SINGLE_CHUNK)
         rank_topk_row(vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr, TOPK, TOPK_PAD,
                       CHUNK, RANK_COLS, VOLATILE, HAS_IDS)
@@ -149,6 +201,7 @@ def block_topk_select_kernel(
     SPARSE_BLOCK: tl.constexpr,
     HAS_IDS: tl.constexpr, VALID_FROM_POS: tl.constexpr, SINGLE_CHUNK: tl.constexpr,
     PDL: tl.constexpr = False, RANK: tl.constexpr = False, RANK_COLS: tl.constexpr = 16,
+    RADIX: tl.constexpr = False,
 ):
     if PDL:  # see index_score_decode: static inputs first, then wait
         tl_cuda.gdc_launch_dependents()
@@ -163,4 +216,5 @@ def block_topk_select_kernel(
         tl_cuda.gdc_wait()
     select_topk_row(vals_ptr, ids_ptr, t.to(tl.int64) * stride_vt + h * stride_vh, n_valid, N,
                     out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh,
-                    TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False, RANK, RANK_COLS)
+                    TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False, RANK, RANK_COLS,
+                    RADIX)

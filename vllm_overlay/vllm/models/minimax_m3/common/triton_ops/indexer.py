@@ -136,7 +136,9 @@ def index_block_topk(
         pdl (programmatic dependent launch; default VLLM_MINIMAX_M3_PDL),
         decode_warps, tile_blocks (sparse blocks per key load); rank_select:
         the top-k by rank in one pass, decode rows and the prefill splits'
-        candidates, default for rows of at most 64 entries).
+        candidates, default for rows of at most 64 entries; radix_select: the
+        decode top-k by a bitwise threshold search, rows of at most
+        ``select_chunk`` entries; select_warps: the decode select's warps).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
     the block scores, with ``return_scores``).
     """
@@ -223,6 +225,8 @@ def index_block_topk(
         # the same rule for the fused select (its last scoring program ranks the row)
         rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
         rank_cols = min(chunk, max(16, 4096 // chunk))
+        # the top-k by a bitwise threshold search (rows held in registers)
+        radix = bool(tune.get("radix_select", False)) and max_blocks <= chunk and not rank
         index_block_max_decode_kernel[grid](
             idx_q, idx_k_cache, ks, block_table, token_req, token_pos, scores,
             out, counters,
@@ -241,7 +245,7 @@ def index_block_topk(
             FUSED_SELECT=fused_select, TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
             SINGLE_CHUNK=max_blocks <= chunk,
             DEC_STAGES=tune.get("decode_stages", dec_stages), PDL=pdl, TILE_BLOCKS=tile_blocks,
-            RANK=rank, RANK_COLS=rank_cols,
+            RANK=rank, RANK_COLS=rank_cols, RADIX=radix,
             num_warps=tune.get("decode_warps", 4), **pdl_kw,
         )
         if return_scores:
@@ -255,8 +259,8 @@ def index_block_topk(
                 TOPK=topk, TOPK_PAD=TOPK_PAD, CHUNK=chunk,
                 SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
                 SINGLE_CHUNK=max_blocks <= chunk, PDL=pdl,
-                RANK=rank, RANK_COLS=rank_cols,
-                num_warps=_select_warps(chunk), **pdl_kw,
+                RANK=rank, RANK_COLS=rank_cols, RADIX=radix,
+                num_warps=tune.get("select_warps", _select_warps(chunk)), **pdl_kw,
             )
 
     npf = T - nd
