@@ -982,6 +982,24 @@ def test_default_key_split_rule():
     assert default_key_split(16, 128, 4) == 1  # the CPU stand-in SM count
 
 
+def test_default_decode_select_rule():
+    """Decode rows of at most 64 blocks are ranked, rows of 65-256 blocks take
+    the threshold search on one warp in the select launch (the fused select keeps
+    arg-max rounds there), longer rows arg-max rounds; tune forces either."""
+    from vllm.models.minimax_m3.common.triton_ops.indexer import decode_select
+    assert decode_select(64, 64, False, {}) == (True, False, 1)
+    assert decode_select(64, 64, True, {}) == (True, False, 1)
+    assert decode_select(256, 256, False, {}) == (False, True, 1)
+    assert decode_select(128, 100, False, {}) == (False, True, 1)
+    assert decode_select(256, 256, True, {}) == (False, False, 2)
+    assert decode_select(1024, 1024, False, {}) == (False, False, 4)
+    assert decode_select(256, 1024, False, {}) == (False, False, 2)  # several chunks
+    assert decode_select(1024, 1024, False, dict(radix_select=True)) == (False, True, 1)
+    assert decode_select(256, 256, False, dict(radix_select=False)) == (False, False, 2)
+    assert decode_select(64, 64, False, dict(rank_select=False, select_warps=2)) == (
+        False, False, 2)
+
+
 def test_default_prefetch_rows_rule():
     """The per-token kernel resolves rows one tile ahead by default only with
     per-token-head scales (kernel mode 2), never instead of a key split or

@@ -43,6 +43,29 @@ def _select_warps(chunk: int) -> int:
     return 1 if chunk <= 128 else (2 if chunk <= 512 else 4)
 
 
+def decode_select(chunk: int, max_blocks: int, fused: bool,
+                  tune: dict) -> tuple[bool, bool, int]:
+    """How the decode path picks the top-k of rows of ``max_blocks`` block
+    scores held in one ``chunk`` (``SINGLE_CHUNK`` when max_blocks <= chunk):
+    (by rank, by a bitwise threshold search, the select launch's warps); both
+    False: arg-max rounds.  ``tune`` may force rank_select / radix_select /
+    select_warps."""
+    # by rank in one pass for rows of at most 64 entries (8k context at 128-token
+    # blocks): H200 run 11, the decode chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1
+    # vs 44.8; at 256 blocks (32k) it is 4x slower (86 vs 20 us at 1 x 32k)
+    # (ci/results/2026-11-30-decode-variants-h200-run11.json); the same rule for the
+    # fused select (its last scoring program ranks the row)
+    rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
+    # by threshold search, one warp, for rows of 65-256 entries (up to 32k context)
+    # in the select launch: H200 run 51, its device time 4.2-4.3 vs 5.2 us at 256
+    # blocks; at 1024 blocks (128k) arg-max rounds win, 6.3 vs 7.0-9.6 us at 1-8
+    # warps (ci/results/2026-12-03-probe-decode-select-h200-run51.json)
+    radix = (bool(tune.get("radix_select", 64 < chunk <= 256 and not fused))
+             and max_blocks <= chunk and not rank)
+    warps = int(tune.get("select_warps", 1 if radix else _select_warps(chunk)))
+    return rank, radix, warps
+
+
 def _validate(idx_q, idx_k_cache, block_table, token_req, token_pos, sparse_block,
               topk, local_blocks, init_blocks, idx_k_scales):
     if idx_q.dim() != 3:
@@ -137,8 +160,9 @@ def index_block_topk(
         decode_warps, tile_blocks (sparse blocks per key load); rank_select:
         the top-k by rank in one pass, decode rows and the prefill splits'
         candidates, default for rows of at most 64 entries; radix_select: the
-        decode top-k by a bitwise threshold search, rows of at most
-        ``select_chunk`` entries; select_warps: the decode select's warps).
+        decode top-k by a bitwise threshold search, default in the select
+        launch for rows of 65-256 entries; select_warps: that launch's warps;
+        see ``decode_select``).
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
     the block scores, with ``return_scores``).
     """
@@ -215,18 +239,10 @@ def index_block_topk(
         grid = (cdiv(max_blocks, bpp), nd)
         chunk = select_chunk or min(next_pow2(max_blocks), 2048)
         counters = arrival_counters(device, "index_select", nd) if fused_select else scores
-        # top-k by rank in one pass instead of TOPK arg-max rounds, for rows of at
-        # most 64 blocks (8k context at 128-token blocks): H200 run 11, the decode
-        # chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1 vs 44.8; at 256 blocks
-        # (32k) it is 4x slower (86 vs 20 us at 1 x 32k), so not there
-        # (ci/results/2026-11-30-decode-variants-h200-run11.json); the rank pass as a
-        # runtime loop over transposed tiles was slower still (run 12: 30.7 vs 20.8 us
-        # at 1 x 32k, 106 vs 30 at 1 x 128k; *-decode-variants-h200-run12.json), removed;
-        # the same rule for the fused select (its last scoring program ranks the row)
-        rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
+        # (the rank pass as a runtime loop over transposed tiles was slower still, run
+        # 12: 30.7 vs 20.8 us at 1 x 32k, 106 vs 30 at 1 x 128k, removed)
+        rank, radix, select_warps = decode_select(chunk, max_blocks, fused_select, tune)
         rank_cols = min(chunk, max(16, 4096 // chunk))
-        # the top-k by a bitwise threshold search (rows held in registers)
-        radix = bool(tune.get("radix_select", False)) and max_blocks <= chunk and not rank
         index_block_max_decode_kernel[grid](
             idx_q, idx_k_cache, ks, block_table, token_req, token_pos, scores,
             out, counters,
@@ -260,7 +276,7 @@ def index_block_topk(
                 SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True,
                 SINGLE_CHUNK=max_blocks <= chunk, PDL=pdl,
                 RANK=rank, RANK_COLS=rank_cols, RADIX=radix,
-                num_warps=tune.get("select_warps", _select_warps(chunk)), **pdl_kw,
+                num_warps=select_warps, **pdl_kw,
             )
 
     npf = T - nd
