@@ -358,6 +358,13 @@ def correctness(index_block_topk, block_sparse_attention, dev):
     return results
 
 
+def same_selection(a, b):
+    """The same block ids in every row of two selections (the order of the ids
+    inside a row is unspecified: arg-max rounds write them by score, the
+    threshold search by block id)."""
+    return bool(torch.equal(a.sort(dim=-1).values, b.sort(dim=-1).values))
+
+
 def overlap(a, b):
     """Mean |A & B| / |B| over rows of two selections."""
     a, b = a.long(), b.long()
@@ -885,7 +892,7 @@ def bench(args):
                         attn_fused()
                     idx_fused()
                     torch.cuda.synchronize()
-                    row["fused_select_equal"] = bool(torch.equal(sel_f, sel))
+                    row["fused_select_equal"] = same_selection(sel_f, sel)
                     attn()
                     attn_fused()
                     torch.cuda.synchronize()
@@ -915,7 +922,7 @@ def bench(args):
                         attn_pdl()
                     total_pdl()
                     torch.cuda.synchronize()
-                    row["pdl_select_equal"] = bool(torch.equal(sel_p, sel))
+                    row["pdl_select_equal"] = same_selection(sel_p, sel)
                     row["pdl_max_diff"] = float((o_p.float() - o.float()).abs().max())
                     row["index_topk_pdl_us"] = timer.time_graph(timer.graph(idx_pdl))
                     row["attention_pdl_us"] = timer.time_graph(timer.graph(attn_pdl))
@@ -1400,7 +1407,7 @@ def sweep_decode_variants(timer, dev, index_block_topk, block_sparse_attention):
                     ref_sel.copy_(sel)
                     ref_o.copy_(o)
                 same_sel = (None if select in ("attention", "score_attend")  # (no ids)
-                            else bool(torch.equal(sel.sort(-1).values, ref_sel.sort(-1).values)))
+                            else same_selection(sel, ref_sel))
                 diff = float((o.float() - ref_o.float()).abs().max())
                 g = timer.graph(chain)
                 t_w, t_r = timer.time_graph(g, "write"), timer.time_graph(g, "read")
@@ -1683,7 +1690,7 @@ def sweep_pdl_fused(timer, dev, index_block_topk, block_sparse_attention):
                     o.fill_(float("nan"))
                     chain()
                     torch.cuda.synchronize()
-                    same = bool(torch.equal(sel, ref_sel))
+                    same = same_selection(sel, ref_sel)
                     diff = float((o.float() - ref_o.float()).abs().max())
                     t = timer.time_fn(chain)
                 except Exception as e:  # noqa: BLE001
@@ -1717,7 +1724,7 @@ def sweep_prefill_index(timer, dev, index_block_topk, block_sparse_attention):
                     num_decode_tokens=0, context_splits=splits, _tune=tune)
             same, t = checked_time(
                 timer, run,
-                lambda: bool(torch.equal(run().sort(-1).values, ref.sort(-1).values)))
+                lambda: same_selection(run(), ref))
             out.append(dict(kind="prefill_index", context=ctx, context_splits=splits,
                             tune=tune, ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
@@ -1781,7 +1788,7 @@ def sweep_prefill_index_wide(timer, dev, index_block_topk, block_sparse_attentio
                                         bt.token_pos, B, TOPK, num_decode_tokens=0, _tune=tune)
             same, t = checked_time(
                 timer, run,
-                lambda: bool(torch.equal(run().sort(-1).values, ref.sort(-1).values)))
+                lambda: same_selection(run(), ref))
             out.append(dict(kind="prefill_index_wide", context=ctx, tune=tune,
                             ids_equal_default=same, us=t))
             print(f"[sweep] {out[-1]}", flush=True)
@@ -2033,7 +2040,7 @@ def sweep_fp8_index(timer, dev, index_block_topk, block_sparse_attention):
                     blocks_per_prog=bpp, _tune=tune)
             def same_as_ref():
                 run()
-                return bool(torch.equal(sel, ref))
+                return same_selection(sel, ref)
             same, t = checked_time(timer, run, same_as_ref)
             out.append(dict(kind="fp8_index_decode", batch=batch, context=ctx,
                             blocks_per_prog=bpp, tune=tune, ids_equal_default=same, us=t))
@@ -2085,7 +2092,7 @@ def _sweep_index_variants(timer, dev, index_block_topk, variants, kind):
                 def same_as_ref(run=run, ov=ov):
                     run()
                     ov["overlap"] = overlap(sel, ref)
-                    return bool(torch.equal(sel, ref))
+                    return same_selection(sel, ref)
                 same, t = checked_time(timer, run, same_as_ref)
                 out.append(dict(kind=kind, batch=batch, context=ctx, fp8_index=fp8,
                                 blocks_per_prog=bpp, tune=tune, ids_equal_default=same,

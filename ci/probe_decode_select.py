@@ -26,7 +26,7 @@ import sys
 import torch
 
 from bench_msa import (B, D, HIDX, TOPK, Batch, kernel_times, load_kernels, probe_setup,
-                       sweep_read_ceiling)
+                       same_selection, sweep_read_ceiling)
 
 CASES = ((32, 131072, True), (32, 131072, False), (1, 131072, False), (32, 32768, False),
          (1, 32768, False), (32, 32768, True))
@@ -37,10 +37,6 @@ class _NoLaunch:
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: None
-
-
-def same_sets(a, b):
-    return bool(torch.equal(a.sort(dim=-1).values, b.sort(dim=-1).values))
 
 
 def main():
@@ -74,7 +70,7 @@ def main():
             sel.fill_(-7)
             try:
                 index(tune)
-                v = dict(ids_equal_default=same_sets(sel, ref),
+                v = dict(ids_equal_default=same_selection(sel, ref),
                          index_us=timer.time_fn(lambda tune=tune: index(tune)),
                          chain_us=timer.time_fn(lambda tune=tune: (index(tune), attn())),
                          kernels=kernel_times(lambda tune=tune: index(tune), timer))
