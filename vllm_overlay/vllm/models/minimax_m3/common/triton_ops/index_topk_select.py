@@ -88,14 +88,22 @@ def rank_topk_row(vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr, TOPK: tl
     """``select_topk_row`` by rank for a row of at most CHUNK entries; the
     slots are filled in descending score order (ties: the lower column first)
     with the entries' ids (HAS_IDS) or columns."""
-    offs = tl.arange(0, CHUNK)
     rank, chosen = row_ranks(vals_ptr, row, n_valid, n_cols, TOPK, CHUNK, RANK_COLS, VOLATILE)
+    # the chosen entries hold ranks 0 .. n_chosen - 1
+    write_chosen(ids_ptr, row, chosen, rank, out_row_ptr, TOPK, TOPK_PAD, HAS_IDS)
+
+
+@triton.jit
+def write_chosen(ids_ptr, row, chosen, slot, out_row_ptr, TOPK: tl.constexpr,
+                 TOPK_PAD: tl.constexpr, HAS_IDS: tl.constexpr):
+    """Stores each chosen entry's id (HAS_IDS) or column at ``out_row_ptr +
+    slot`` (``slot`` numbers the chosen entries 0 .. n_chosen - 1), then -1 in
+    the slots after them up to TOPK."""
     if HAS_IDS:
-        picked = tl.load(ids_ptr + row + offs, mask=chosen, other=-1)
+        picked = tl.load(ids_ptr + row + tl.arange(0, chosen.shape[0]), mask=chosen, other=-1)
     else:
-        picked = offs.to(tl.int32)
-    tl.store(out_row_ptr + rank, picked, mask=chosen)
-    # the chosen entries hold ranks 0 .. n_chosen - 1: -1 in the slots after them
+        picked = tl.arange(0, chosen.shape[0]).to(tl.int32)
+    tl.store(out_row_ptr + slot, picked, mask=chosen)
     n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
     offs_k = tl.arange(0, TOPK_PAD)
     tl.store(out_row_ptr + offs_k, tl.full([TOPK_PAD], -1, tl.int32),
@@ -134,15 +142,7 @@ def radix_topk_row(vals_ptr, ids_ptr, row, n_valid, n_cols, out_row_ptr, TOPK: t
     need = TOPK - tl.sum(above.to(tl.int32), axis=0)
     chosen = above | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= need))
     slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
-    if HAS_IDS:
-        picked = tl.load(ids_ptr + row + offs, mask=chosen, other=-1)
-    else:
-        picked = offs.to(tl.int32)
-    tl.store(out_row_ptr + slot, picked, mask=chosen)
-    n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
-    offs_k = tl.arange(0, TOPK_PAD)
-    tl.store(out_row_ptr + offs_k, tl.full([TOPK_PAD], -1, tl.int32),
-             mask=(offs_k >= n_chosen) & (offs_k < TOPK))
+    write_chosen(ids_ptr, row, chosen, slot, out_row_ptr, TOPK, TOPK_PAD, HAS_IDS)
 
 
 @triton.jit
