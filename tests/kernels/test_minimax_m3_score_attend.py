@@ -8,9 +8,9 @@ at the model's real shapes on a GPU.  Fixtures and the oracle:
 
 import pytest
 import torch
-from test_minimax_m3_triton_msa import (DEVICE, DTYPES, ON_GPU, SCALE_MODES, SHAPES, Batch,
-                                        _seed, check_graph_replays, decode_chain_buffers,
-                                        make_idx_cache, make_kv_cache, ref_attention, tol)
+from test_minimax_m3_triton_msa import (DEVICE, DTYPES, ON_GPU, SHAPES, Batch, _seed,
+                                        check_graph_replays, decode_chain_buffers,
+                                        make_idx_cache, make_kv_cache, scale_mode_cases, tol)
 
 from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention, index_block_topk,
                                                       score_attend_decode, score_attend_fits)
@@ -49,9 +49,8 @@ def test_score_attend_decode(case, shape, dtype):
     batch, idx_q, idx_k, _, q = decode_inputs(shape, DECODE_REQS[case](B), dtype)
     args = (batch.block_table, batch.token_req, batch.token_pos)
     sel = index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T)
-    for mode, fold in SCALE_MODES:
-        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, mode)
-        ref = ref_attention(batch, q, deq, sel, B, D ** -0.5)
+    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
+            batch, q, sel, Hkv, D, B, dtype):
         chain = block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, mode, ks, vs, kvs,
                                        fold_scalar_scales=fold)
         out = torch.full_like(q, float("nan"))
@@ -62,8 +61,6 @@ def test_score_attend_decode(case, shape, dtype):
         other = score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, 1, 0, D ** -0.5, mode,
                                     ks, vs, kvs, fold_scalar_scales=fold,
                                     _tune=dict(merge_one_round=batch.T > 1, merge_chunks=2))
-        atol, rtol = tol(dtype)
-        atol *= 3 if mode else 1  # make_kv_cache's fp8 caches hold 3x larger values
         where = f"[seed {seed} mode {mode} fold {fold}]"
         torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
                                    msg=lambda m: f"{where} oracle: {m}")
@@ -85,16 +82,13 @@ def test_score_attend_decode_several_key_tiles_per_range():
                                               torch.float32)
     args = (batch.block_table, batch.token_req, batch.token_pos)
     sel = index_block_topk(idx_q, idx_k, *args, B, topk, num_decode_tokens=batch.T)
-    for mode, fold in SCALE_MODES:
-        kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, torch.float32, mode)
-        ref = ref_attention(batch, q, deq, sel, B, D ** -0.5)
+    for mode, fold, (kv, ks, vs, kvs), ref, atol, rtol in scale_mode_cases(
+            batch, q, sel, Hkv, D, B, torch.float32):
         chain = block_sparse_attention(q, kv, *args, sel, B, D ** -0.5, mode, ks, vs, kvs,
                                        fold_scalar_scales=fold)
         got = score_attend_decode(idx_q, idx_k, q, kv, *args, B, topk, 1, 0, D ** -0.5, mode,
                                   ks, vs, kvs, fold_scalar_scales=fold,
                                   out=torch.full_like(q, float("nan")))
-        atol, rtol = tol(torch.float32)
-        atol *= 3 if mode else 1
         where = f"[seed {seed} mode {mode} fold {fold}]"
         torch.testing.assert_close(got.double(), ref, atol=atol, rtol=rtol,
                                    msg=lambda m: f"{where} oracle: {m}")
