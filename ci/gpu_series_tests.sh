@@ -3,6 +3,7 @@
 #   kernels  tests/kernels + vllm_overlay/tests (Triton MSA kernels, bf16/fp8, real shapes)
 #   fixes    tests/fixes (vllm#51632 fused shared expert; #51585 needs build/vllm and is CPU-only)
 #   models   tests/models (MiniMax-M3 vs transformers; on CUDA the sparse backend uses Triton)
+#   parity   tests/models/test_minimax_m3.py alone (the engine's parity tests, eager)
 #   graphs   tests/models/test_minimax_m3_gpu.py -k cudagraphs (CUDA graphs change no token)
 #   tp2      tests/models/test_minimax_m3_gpu.py -k tp2 (TP2 == TP1; needs two GPUs)
 #   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
@@ -32,6 +33,7 @@
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models"
+  [parity]="tests/models/test_minimax_m3.py"
   [graphs]="tests/models/test_minimax_m3_gpu.py -k cudagraphs" [tp2]="tests/models/test_minimax_m3_gpu.py -k tp2"
   [graphs_bf16]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
   [graphs_fp32]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
