@@ -57,7 +57,13 @@ declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST
   [fp8kv_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4")
 BUDGET=${SUITE_TIMEOUT:-400}
 # EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU
-# image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...)
+# image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...).
+# Default: the folder pack.sh delivers them to, when it is there (without them fp8ckpt
+# fails on "No module named 'loguru'": H200 run 52).
+if [ -z "${EXTRA_WHEELS+set}" ] && ls /tmp/gpu-extra/e2e-wheels/*.whl > /dev/null 2>&1; then
+  EXTRA_WHEELS=/tmp/gpu-extra/e2e-wheels
+  echo "extra wheels: $EXTRA_WHEELS (EXTRA_WHEELS= turns this off)"
+fi
 if [ -n "${EXTRA_WHEELS:-}" ]; then
   python -m pip install -q --no-index --no-deps --target "${EXTRA_SITE:-/tmp/site}" "$EXTRA_WHEELS"/*.whl \
     > "$OUT/extra_wheels.log" 2>&1 || echo "extra wheels: pip failed, see extra_wheels.log"
