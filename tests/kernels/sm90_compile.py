@@ -33,8 +33,6 @@ from vllm.models.minimax_m3.common.triton_ops.score_attend_decode import (  # no
     score_attend_block_kernel, score_attend_merge_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_merge import (  # noqa: E402
     sparse_attn_merge_kernel)
-from vllm.models.minimax_m3.common.triton_ops.sparse_attn_own_block_merge import (  # noqa: E402
-    own_block_merge_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major import (  # noqa: E402
     sparse_attn_block_major_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major_sm90 import (  # noqa: E402
@@ -184,10 +182,6 @@ def main():
             (sparse_attn_block_major_kernel, dict(HQ=16, HKV=1, TM=8, CHUNK=64, TOPK=16,
                                                   HOLD_KV=False), 8),
             (sparse_attn_tiled_kernel, dict(TM=8, TOPK=16, TOPK_PAD=16), 8),
-            # block-major's merge with each token's own block attended in it
-            # (``own_block_merge``), 4 tokens per program
-            (own_block_merge_kernel, dict(HQ=16, TM=4, TOPK=16, TOPK_PAD=16,
-                                          V_SCALE_IN_MERGE=mode == 1), 4),
         ]
         for kernel, extra, warps in variants:
             # the variants of one scale mode only
@@ -195,12 +189,10 @@ def main():
                     or extra.get("V_SCALE_IN_MERGE") and mode != 1):
                 continue
             # the block-major partials are fp16 for a bf16 model (the split ones fp32)
-            block_major = kernel in (sparse_attn_block_major_kernel, own_block_merge_kernel)
-            kptrs = dict(ptrs, part_o_ptr="*fp16") if block_major else ptrs
-            # block-major runs with one pipeline stage, its own-block merge with two
-            # (attention._block_major_attention)
-            stages = ({sparse_attn_block_major_kernel: 1, own_block_merge_kernel: 2}[kernel]
-                      if block_major else None)
+            kptrs = (dict(ptrs, part_o_ptr="*fp16") if kernel is sparse_attn_block_major_kernel
+                     else ptrs)
+            # block-major runs with one pipeline stage (attention._block_major_attention)
+            stages = 1 if kernel is sparse_attn_block_major_kernel else None
             cubin = compile_kernel(kernel, kptrs, dict(shape, **extra), warps, stages)
             assert len(cubin) > 0
             print(f"compiled {kernel.fn.__name__} mode {mode} {extra} ({len(cubin)} B cubin)",
@@ -239,8 +231,6 @@ def main():
                 pair_tok_ptr="*i32", pair_slot_ptr="*i32")
     for kernel, extra in ((block_major_rank_kernel, dict(AGGREGATE=True, SPLIT_MASKED=True,
                                                          SPARSE_BLOCK=128)),
-                          (block_major_rank_kernel, dict(AGGREGATE=True, SPLIT_MASKED=True,
-                                                         SPARSE_BLOCK=128, SKIP_OWN=True)),
                           (block_major_rank_kernel, dict(AGGREGATE=False)),
                           (block_major_scatter_kernel, {})):
         cubin = compile_kernel(kernel, ptrs, dict(HKV=1, TOPK=16, BLOCK=GROUP_BLOCK, **extra), 4)

@@ -26,7 +26,7 @@ def test_attention_kernels_compile_for_sm90():
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     # every variant the script lists compiled (it counts them)
-    assert "ok 102 kernels" in res.stdout, res.stdout[-3000:]
+    assert "ok 97 kernels" in res.stdout, res.stdout[-3000:]
     # the engine's block-major launches fit their registers, ptxas spills
     # nothing: bf16 (rows prefetched), scalar fp8 scales (v_scale applied in the
     # merge, query rows prefetched) and per-token-head scales (multiplied into

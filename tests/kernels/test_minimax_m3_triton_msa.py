@@ -657,12 +657,6 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # the merge reading every slot's partial, empty ones too
                                 (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
                                 (2, n_decode, dict(merge_skip_empty=False)),
-                                # each token's own block attended in the merge, not as
-                                # pairs (tokens that did not select it: partials only);
-                                # tiles of 2 tokens straddle blocks and requests
-                                (4 if ON_GPU else 2, n_decode, dict(own_block_merge=True)),
-                                (2, 0, dict(own_block_merge=True, own_merge_tokens=2,
-                                            split_masked=False, pairs_per_program=4)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
                                 # kernel (the default there), and the ``tl`` kernel
                                 *(((4, n_decode, None), (4, n_decode, dict(sm90=False)))
@@ -692,10 +686,9 @@ def test_block_sparse_attention_block_major(case, shape):
                               f"start {start} tune {tune}] {m}")
 
 
-@pytest.mark.parametrize("aggregate,group_block,split,skip_own", [
-    (True, 1024, True, False), (True, 64, False, False), (False, 1024, False, False),
-    (False, 64, True, False), (True, 64, True, True), (False, 1024, False, True)])
-def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split, skip_own):
+@pytest.mark.parametrize("aggregate,group_block,split", [(True, 1024, True), (True, 64, False),
+                                                         (False, 1024, False), (False, 64, True)])
+def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):
     """The device-side grouping (a counting sort): every valid (token, slot)
     pair lands exactly once in the segment of its (request, KV head, block)
     group, the per-group program counts add up, and the static program count
@@ -703,15 +696,13 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split, 
     program (``aggregate``) or once per pair, in one program or several (the
     last one partly past the pairs); with ``split`` (``token_pos`` given) each
     group in two, the pairs whose token does not see the block's last key in
-    the odd one; with ``skip_own`` no pair of a token's own block."""
+    the odd one."""
     from vllm.models.minimax_m3.common.triton_ops.attention import block_major_tiles
     _seed()
     T, Hkv, topk, R, max_blocks, TM, SB = 37, 2, 5, 3, 9, 4, 4
     req = torch.randint(0, R, (T,), dtype=torch.int32, device=DEVICE)
     pos = torch.randint(0, max_blocks * SB, (T,), dtype=torch.int32, device=DEVICE)
     pos[:9] = 2 * SB + SB - 1  # sees all of block 2 (the large group), its last key too
-    if skip_own:  # block 2 is not their own block, so its group keeps its pairs
-        pos[:9] += SB
     sel = torch.randint(-1, max_blocks, (T, Hkv, topk), dtype=torch.int32, device=DEVICE)
     sel[0, 0, :] = 2  # a group larger than one program
     sel[1:9, 0, 0] = 2
@@ -720,15 +711,14 @@ def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split, 
         x.cpu() if isinstance(x, torch.Tensor) else x
         for x in block_major_tiles(req, sel, R, max_blocks, TM, aggregate=aggregate,
                                    group_block=group_block,
-                                   token_pos=pos if split or skip_own else None,
-                                   sparse_block=SB, skip_own=skip_own, split_masked=split))
+                                   token_pos=pos if split else None, sparse_block=SB))
     req, sel, pos = req.cpu(), sel.cpu(), pos.cpu()
     want = {}
     for t in range(T):
         for h in range(Hkv):
             for s in range(topk):
                 b = int(sel[t, h, s])
-                if b >= 0 and not (skip_own and b == int(pos[t]) // SB):
+                if b >= 0:
                     key = (int(req[t]) * Hkv + h) * max_blocks + b
                     if split:
                         key = 2 * key + int(int(pos[t]) < b * SB + SB - 1)

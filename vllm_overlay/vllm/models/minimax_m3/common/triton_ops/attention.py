@@ -18,7 +18,6 @@ from .block_major_group import block_major_rank_kernel, block_major_scatter_kern
 from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
 from .sparse_attn_merge import sparse_attn_merge_kernel
-from .sparse_attn_own_block_merge import own_block_merge_kernel
 from .sparse_attn_tiled import sparse_attn_tiled_kernel
 
 try:  # Gluon (Triton's explicit-layout dialect) for the sm_90 block-major kernel
@@ -225,16 +224,13 @@ def default_prefill_layout(num_prefill_tokens: int, max_context: int, sparse_blo
 def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_reqs: int,
                       max_blocks: int, pairs_per_tile: int, aggregate: bool = True,
                       group_block: int = GROUP_BLOCK, token_pos: torch.Tensor | None = None,
-                      sparse_block: int = 0, group_warps: int = 4, skip_own: bool = False,
-                      split_masked: bool = True):
+                      sparse_block: int = 0, group_warps: int = 4):
     """Group the (token, slot) pairs of ``topk_blocks`` [T, Hkv, TOPK] by
     (request, KV head, block) on the device, without host syncs
     (``block_major_group``: a counting sort in two launches).  With
     ``token_pos`` (and ``sparse_block``) each group is split in two: group
     ``2 * key + masked`` holds the pairs whose token does not see the whole
-    block (``masked``), so the rest need no causal mask (``split_masked``), and
-    with ``skip_own`` the pairs of each token's own block (position //
-    sparse_block) are left out (``own_block_merge_kernel`` attends them).
+    block (``masked``), so the rest need no causal mask.
 
     Returns int32 tensors (pair_tok, pair_slot) [P] sorted by group,
     (group_start, counts, tile_end) [NG] per group (``tile_end``: inclusive
@@ -248,11 +244,9 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     T, HKV, TOPK = topk_blocks.shape
     dev = topk_blocks.device
     P = T * HKV * TOPK
-    if token_pos is not None and sparse_block <= 0:
+    split = token_pos is not None
+    if split and sparse_block <= 0:
         raise ValueError("block_major_tiles: token_pos needs the sparse_block size")
-    if skip_own and token_pos is None:
-        raise ValueError("block_major_tiles: skip_own needs token_pos")
-    split = token_pos is not None and split_masked
     NG = num_reqs * HKV * max_blocks * (2 if split else 1)
     if NG + P >= 2 ** 31:
         raise ValueError(f"block_major: {num_reqs} requests x {HKV} KV heads x {max_blocks} "
@@ -262,11 +256,11 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     pair_rank = torch.empty(P, dtype=torch.int32, device=dev)
     grid = (cdiv(P, group_block),)
     block_major_rank_kernel[grid](
-        topk_blocks, token_req, token_req if token_pos is None else token_pos, pair_key,
-        pair_rank, counts, P, topk_blocks.stride(0), topk_blocks.stride(1),
+        topk_blocks, token_req, token_pos if split else token_req, pair_key, pair_rank,
+        counts, P, topk_blocks.stride(0), topk_blocks.stride(1),
         HKV=HKV, TOPK=TOPK, MAX_BLOCKS=max_blocks, NG=NG, BLOCK=group_block,
         AGGREGATE=aggregate, SPLIT_MASKED=split, SPARSE_BLOCK=max(1, sparse_block),
-        SKIP_OWN=skip_own, num_warps=group_warps)
+        num_warps=group_warps)
     group_start = torch.cumsum(counts, 0, dtype=torch.int32) - counts
     tile_end = torch.cumsum(torch.div(counts + pairs_per_tile - 1, pairs_per_tile,
                                       rounding_mode="floor"), 0, dtype=torch.int32)
@@ -596,9 +590,6 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7
     # against 507.8 / 614.1 (ci/results/2026-12-01-block-major-sm90-profile-h200-run44.json)
     sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 else 3))
-    # each token's own block (the causal diagonal) attended in the merge, not as
-    # block-major pairs: no partials for those pairs, no masked steps
-    own_merge = bool(tune.get("own_block_merge", False))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -608,8 +599,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             aggregate=bool(tune.get("aggregate_ranks", True)),
             group_block=int(tune.get("group_block", GROUP_BLOCK)),
             group_warps=int(tune.get("group_warps", 4)),
-            token_pos=pos_s if split_masked or own_merge else None, sparse_block=sparse_block,
-            skip_own=own_merge, split_masked=split_masked)
+            token_pos=pos_s if split_masked else None, sparse_block=sparse_block)
         part_o = torch.empty((n, HQ, topk, D_PAD), dtype=part_dtype, device=q.device)
         part_lse = torch.full((n, HQ, topk), float("-inf"), dtype=torch.float32,
                               device=q.device)
@@ -662,26 +652,6 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         # first 2048 tokens see fewer than 16 blocks), merge 129.1 vs 141.8 us, the
         # attention 0.978x in 7 of 7 paired rounds
         # (ci/results/2026-12-01-probe-prefix-kernel-h200-run42.json)
-        if own_merge:
-            own_tokens = int(tune.get("own_merge_tokens", max(1, 64 // G_PAD)))
-            own_block_merge_kernel[(cdiv(n, own_tokens), HKV)](
-                q_s, kv_cache, block_table, req_s, pos_s, topk_blocks[s:s + step], part_o,
-                part_lse, out_s, ks, vs, kvs, scale, n, max_blocks,
-                q.stride(0), q.stride(1),
-                kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-                sstr[0], sstr[1], sstr[2], sstr[3],
-                block_table.stride(0),
-                topk_blocks.stride(0), topk_blocks.stride(1),
-                out.stride(0), out.stride(1),
-                HQ=HQ, G=G, G_PAD=G_PAD, TM=own_tokens, D=D, D_PAD=D_PAD, TOPK=topk,
-                TOPK_PAD=max(2, next_pow2(topk)), SPARSE_BLOCK=sparse_block,
-                PAGE_SIZE=page_size, SCALE_MODE=kernel_mode, IEEE=ieee,
-                FP16_MMA=fp16_mma, V_SCALE_IN_MERGE=v_in_merge,
-                MERGE_UNROLL=int(tune.get("own_merge_unroll", 4)),
-                num_warps=tune.get("own_merge_warps", 4 if own_tokens * G_PAD <= 64 else 8),
-                num_stages=tune.get("own_merge_stages", 1),
-                BLOCK_N=largest_pow2_divisor(sparse_block, tune.get("own_merge_block_n", BLOCK_N)))
-            continue
         sparse_attn_merge_kernel[(n, HQ)](
             part_o, part_lse, out_s, vs if v_in_merge else part_lse, out.stride(0),
             out.stride(1), HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,

@@ -8,8 +8,6 @@ slots, block -1, belong to none).  SPLIT_MASKED: each group in two,
 ``2 * key + masked``, where ``masked`` says the token does not see the whole
 block (its position is before the block's last key): the pairs of the
 unmasked halves, nearly all of a long chunk's, then need no causal mask.
-SKIP_OWN: the pairs whose block is their token's own (position //
-SPARSE_BLOCK) belong to no group; ``own_block_merge_kernel`` attends them.
 
   block_major_rank_kernel     counts the pairs of each group (``counts[key]``
                               by atomic add) and keeps each pair's rank in its
@@ -29,7 +27,7 @@ does not depend on it.
 
 Layouts (int32):
   topk      [T, HKV, TOPK] selected block ids (-1 = empty; TOPK contiguous)
-  token_req, token_pos [T] (token_pos read with SPLIT_MASKED or SKIP_OWN only)
+  token_req, token_pos [T] (token_pos read with SPLIT_MASKED only)
   pair_key, pair_rank [T * HKV * TOPK]: the group (NG for empty slots) and
             rank of pair ``(t * HKV + kv_head) * TOPK + slot``
   counts, group_start [NG]
@@ -56,7 +54,6 @@ def block_major_rank_kernel(
     P, stride_tt, stride_th,
     HKV: tl.constexpr, TOPK: tl.constexpr, MAX_BLOCKS, NG, BLOCK: tl.constexpr,
     AGGREGATE: tl.constexpr, SPLIT_MASKED: tl.constexpr = False, SPARSE_BLOCK: tl.constexpr = 1,
-    SKIP_OWN: tl.constexpr = False,
 ):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < P
@@ -67,12 +64,9 @@ def block_major_rank_kernel(
                   mask=live, other=-1)
     req = tl.load(req_ptr + t, mask=live, other=0)
     valid = blk >= 0
-    if SPLIT_MASKED or SKIP_OWN:
-        pos = tl.load(pos_ptr + t, mask=live, other=0)
-    if SKIP_OWN:
-        valid = valid & (blk != pos // SPARSE_BLOCK)
     key = (req * HKV + h) * MAX_BLOCKS + blk
     if SPLIT_MASKED:
+        pos = tl.load(pos_ptr + t, mask=live, other=0)
         key = 2 * key + (pos < blk * SPARSE_BLOCK + SPARSE_BLOCK - 1).to(tl.int32)
     key = tl.where(valid, key, NG)
     tl.store(pair_key_ptr + offs, key, mask=live)
