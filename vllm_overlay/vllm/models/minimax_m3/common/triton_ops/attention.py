@@ -652,10 +652,12 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         # first 2048 tokens see fewer than 16 blocks), merge 129.1 vs 141.8 us, the
         # attention 0.978x in 7 of 7 paired rounds
         # (ci/results/2026-12-01-probe-prefix-kernel-h200-run42.json)
-        sparse_attn_merge_kernel[(n, HQ)](
+        flat = int(tune.get("merge_flat_order", 0))
+        sparse_attn_merge_kernel[(n * HQ,) if flat else (n, HQ)](
             part_o, part_lse, out_s, vs if v_in_merge else part_lse, out.stride(0),
             out.stride(1), HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
             V_SCALE=v_in_merge, SKIP_EMPTY=bool(tune.get("merge_skip_empty", True)),
+            FLAT_ORDER=flat,
             num_warps=tune.get("merge_warps", 1),
         )
 
