@@ -319,14 +319,16 @@ def main():
                                                           v_scale_ptr="*fp32"),
                            dict(HQ=16, S=8, S_PAD=8, D=128, D_PAD=128, PDL=True), 4)
     assert len(cubin) > 0
-    # block-major's merge: fp16 partials, one warp, empty slots not read
+    # block-major's merge: fp16 partials, one warp, empty slots not read, a 1-D grid
+    # in row order
     cubin = compile_kernel(sparse_attn_merge_kernel, dict(part_o_ptr="*fp16",
                                                           part_lse_ptr="*fp32", out_ptr="*bf16",
                                                           v_scale_ptr="*fp32"),
-                           dict(HQ=16, S=16, S_PAD=16, D=128, D_PAD=128, SKIP_EMPTY=True), 1)
+                           dict(HQ=16, S=16, S_PAD=16, D=128, D_PAD=128, SKIP_EMPTY=True,
+                                ROW_ORDER=True), 1)
     assert len(cubin) > 0
     print("compiled block_topk_select_kernel and sparse_attn_merge_kernel PDL=True and "
-          "SKIP_EMPTY=True", flush=True)
+          "SKIP_EMPTY=True ROW_ORDER=True", flush=True)
     done += 3
     # the two-launch decode of batch 1-2 over 64-block tables (score_attend_decode):
     # every scale mode with 4 key ranges per block, bf16 and fp8 index keys, one range;

@@ -653,12 +653,12 @@ def test_block_sparse_attention_block_major(case, shape):
                                 # per-token-head scales applied at each step in an
                                 # fp16 MMA (the default scales the held block once)
                                 (4, n_decode, dict(scale_held_kv=False)),
-                                # launches of a few tokens' partials (slices of the batch),
-                                # merged last token first in a 1-D grid; the merge reading
-                                # every slot's partial, empty ones too, in row order
-                                (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4,
-                                            merge_flat_order=2)),
-                                (2, n_decode, dict(merge_skip_empty=False, merge_flat_order=1)),
+                                # launches of a few tokens' partials (slices of the batch);
+                                # the merge reading every slot's partial, empty ones too,
+                                # on a (token, head) grid
+                                (2, 0, dict(partial_bytes=5 * Hq * topk * max(16, D) * 4)),
+                                (2, n_decode, dict(merge_skip_empty=False,
+                                                   merge_row_order=False)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
                                 # kernel (the default there), and the ``tl`` kernel
                                 *(((4, n_decode, None), (4, n_decode, dict(sm90=False)))

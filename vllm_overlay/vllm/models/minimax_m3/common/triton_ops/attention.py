@@ -368,6 +368,8 @@ def block_sparse_attention(
         ``DECODE_KEY_SPLIT`` where those programs still fit the SMs, else 1);
         ``merge_skip_empty``: block-major's merge reads only the partials of
         non-empty slots (default; False: every slot's, weighed by zero);
+        ``merge_row_order``: its programs in a 1-D grid in (token, head) row
+        order (default; False: a (token, head) grid);
         ``sm90``: on an H100/H200, block-major runs the Gluon kernel where it
         covers the launch (default; False: the ``tl`` kernel); ``sm90_buffers``:
         its query ring's depth.
@@ -652,12 +654,16 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
         # first 2048 tokens see fewer than 16 blocks), merge 129.1 vs 141.8 us, the
         # attention 0.978x in 7 of 7 paired rounds
         # (ci/results/2026-12-01-probe-prefix-kernel-h200-run42.json)
-        flat = int(tune.get("merge_flat_order", 0))
-        sparse_attn_merge_kernel[(n * HQ,) if flat else (n, HQ)](
+        # programs in row order (consecutive ones read consecutive partials): H200
+        # run 53, 8192-token chunk, merge 128.4 / 139.3 / 138.9 us at 8k / 32k / 128k
+        # context against 129.2 / 142.1 / 142.8 for a (token, head) grid
+        # (ci/results/2026-12-03-merge-row-order-profile-h200-run53.json)
+        row_order = bool(tune.get("merge_row_order", True))
+        sparse_attn_merge_kernel[(n * HQ,) if row_order else (n, HQ)](
             part_o, part_lse, out_s, vs if v_in_merge else part_lse, out.stride(0),
             out.stride(1), HQ=HQ, S=topk, S_PAD=max(2, next_pow2(topk)), D=D, D_PAD=D_PAD,
             V_SCALE=v_in_merge, SKIP_EMPTY=bool(tune.get("merge_skip_empty", True)),
-            FLAT_ORDER=flat,
+            ROW_ORDER=row_order,
             num_warps=tune.get("merge_warps", 1),
         )
 

@@ -20,27 +20,23 @@ def sparse_attn_merge_kernel(
     HQ: tl.constexpr, S: tl.constexpr, S_PAD: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
     V_SCALE: tl.constexpr = False, SKIP_EMPTY: tl.constexpr = False,
-    FLAT_ORDER: tl.constexpr = 0,
+    ROW_ORDER: tl.constexpr = False,
 ):
     """Partials and weights are loaded side by side (an empty split's partial
     is loaded too and weighs nothing: ``where``, never a product with what an
     unwritten slot holds).  SKIP_EMPTY: the partials are loaded after the
     weights, only those of non-empty splits (block-major's tokens that see
-    fewer blocks than top-k leave slots empty).  FLAT_ORDER (a 1-D grid of
-    T * HQ programs): 1, program ``i`` merges row ``i`` = (token, head), so
-    consecutive programs read consecutive partials; 2, row ``T * HQ - 1 - i``
-    (the last tokens first).  0: the grid is (T, HQ)."""
+    fewer blocks than top-k leave slots empty).  ROW_ORDER: a 1-D grid of T * HQ
+    programs, program ``i`` merging row ``i`` = (token, head), so consecutive
+    programs read consecutive partials (else the grid is (T, HQ))."""
     if PDL:  # launched early: wait for the attention partials
         tl_cuda.gdc_wait()
-    if FLAT_ORDER == 0:
+    if ROW_ORDER:
+        t = (tl.program_id(0) // HQ).to(tl.int64)
+        h = tl.program_id(0) % HQ
+    else:
         t = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
-    else:
-        i = tl.program_id(0)
-        if FLAT_ORDER == 2:
-            i = tl.num_programs(0) - 1 - i
-        t = (i // HQ).to(tl.int64)
-        h = i % HQ
     offs_s = tl.arange(0, S_PAD)
     offs_d = tl.arange(0, D_PAD)
     smask = offs_s < S
