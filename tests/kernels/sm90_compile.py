@@ -37,6 +37,9 @@ from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major import (  
     sparse_attn_block_major_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_block_major_sm90 import (  # noqa: E402
     sparse_attn_block_major_sm90_kernel)
+from vllm.models.minimax_m3.common.triton_ops.index_score_prefill_sm90 import (  # noqa: E402
+    MAX_REGISTERS as SM90_INDEX_REGISTERS, NUM_WARPS as SM90_INDEX_WARPS,
+    index_block_max_prefill_sm90_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_fwd import (  # noqa: E402
     sparse_attn_fwd_kernel)
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_tiled import (  # noqa: E402
@@ -52,7 +55,7 @@ ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_cp", "stride_ckv", "stride_cs"
                 "stride_kp", "stride_ks")
 
 
-def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
+def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None, **options):
     # constexpr parameters left out take their defaults, as at a launch
     constexprs = dict({p.name: p.default for p in kernel.params
                        if p.is_constexpr and p.has_default}, **constexprs)
@@ -65,7 +68,7 @@ def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None):
     compiled = triton.compile(source(fn=kernel, signature=sig, constexprs=constexprs,
                                      attrs=attrs),
                               target=TARGET, options=dict(
-                                  num_warps=num_warps, num_stages=num_stages or 2))
+                                  num_warps=num_warps, num_stages=num_stages or 2, **options))
     print(f"  {kernel.fn.__name__}: {resource_usage(compiled.asm['ptx'])}, "
           f"{compiled.metadata.shared} B shared, {f2f_count(compiled.asm['cubin'])} F2F",
           flush=True)
@@ -210,6 +213,19 @@ def main():
             PAGE_SIZE=64, SCALE_MODE=mode, SPLIT_MASKED=True, NUM_BUF=ring), 4)
         assert len(cubin) > 0
         print(f"compiled sparse_attn_block_major_sm90_kernel mode {mode} NUM_BUF={ring} "
+              f"({len(cubin)} B cubin)", flush=True)
+        done += 1
+    # the sm_90 (Gluon) prefill index scoring as the engine launches it on an H200
+    # (a ring of 2 key tiles) and with 3
+    for ring in (2, 3):
+        ptrs = dict(q_ptr="*bf16", k_ptr="*bf16", bt_ptr="*i32", req_ptr="*i32",
+                    pos_ptr="*i32", scores_ptr="*fp32")
+        cubin = compile_kernel(index_block_max_prefill_sm90_kernel, ptrs, dict(
+            D=128, SPARSE_BLOCK=128, BLOCK_M=16 * SM90_INDEX_WARPS, PAGE_SIZE=64, LOCAL=1,
+            INIT=1, SPLITS=8, MIN_SPLIT_BLOCKS=8, NUM_BUF=ring), SM90_INDEX_WARPS,
+            maxnreg=SM90_INDEX_REGISTERS)
+        assert len(cubin) > 0
+        print(f"compiled index_block_max_prefill_sm90_kernel NUM_BUF={ring} "
               f"({len(cubin)} B cubin)", flush=True)
         done += 1
     # the decode attention that ranks its token's block scores itself (select_topk),

@@ -26,7 +26,7 @@ def test_attention_kernels_compile_for_sm90():
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     # every variant the script lists compiled (it counts them)
-    assert "ok 97 kernels" in res.stdout, res.stdout[-3000:]
+    assert "ok 99 kernels" in res.stdout, res.stdout[-3000:]
     # the engine's block-major launches fit their registers, ptxas spills
     # nothing: bf16 (rows prefetched), scalar fp8 scales (v_scale applied in the
     # merge, query rows prefetched) and per-token-head scales (multiplied into
@@ -48,3 +48,10 @@ def test_attention_kernels_compile_for_sm90():
                if ln.startswith(f"compiled sparse_attn_block_major_sm90_kernel mode {mode}")]
         assert len(hit) == 1, (mode, res.stdout[-3000:])
         assert " 0 bytes spill stores" in lines[hit[0] - 1], (mode, lines[hit[0] - 1])
+    # the sm_90 prefill index scoring fits two programs per SM (128 registers)
+    # without spills, with a ring of 2 key tiles (the default) and 3
+    for ring in (2, 3):
+        hit = [i for i, ln in enumerate(lines)
+               if ln.startswith(f"compiled index_block_max_prefill_sm90_kernel NUM_BUF={ring}")]
+        assert len(hit) == 1, (ring, res.stdout[-3000:])
+        assert " 0 bytes spill stores" in lines[hit[0] - 1], (ring, lines[hit[0] - 1])

@@ -327,6 +327,15 @@ def test_index_block_topk(case, shape, dtype):
     variants.append(dict(num_decode_tokens=n_dec, _tune=dict(skip_full_mask=True)))
     if ON_GPU:  # the prefill index without resolving pages one block ahead
         variants.append(dict(num_decode_tokens=n_dec, _tune=dict(prefetch_rows=False)))
+        # on an H100/H200 the prefill index defaults to the Gluon scoring kernel
+        # (index_score_prefill_sm90) and a select launch: the tl kernel's streaming
+        # top-k too, and the Gluon kernel with a ring of 3 key tiles, one split
+        # per tile and three
+        variants += [dict(num_decode_tokens=n_dec, _tune=dict(sm90=False)),
+                     dict(num_decode_tokens=n_dec, _tune=dict(sm90_buffers=3)),
+                     dict(num_decode_tokens=n_dec, _tune=dict(sm90_splits=1)),
+                     dict(num_decode_tokens=n_dec, _tune=dict(sm90_splits=3,
+                                                              min_split_blocks=1))]
         # the decode chain with programmatic dependent launch (sm90+)
         variants.append(dict(num_decode_tokens=n_dec, _tune=dict(pdl=True)))
     if ON_GPU or (dtype == torch.float32 and shape == SHAPES[0]):
@@ -357,6 +366,43 @@ def test_index_block_topk(case, shape, dtype):
         check_topk(got, scores, topk, tag=f"[seed {seed} {kw}]")
         if kw.get("fused_select") and n_dec:  # (no decode tokens: nothing to fuse)
             assert_counters_zero()
+
+
+@pytest.mark.parametrize("nb,mode", [(40, "rank"), (150, "radix"), (150, "argmax"),
+                                     (150, "bitonic"), (40, "bitonic"), (1000, "bitonic")])
+def test_select_score_rows(nb, mode):
+    """The prefill select of the sm_90 index path (``select_score_rows``) on
+    random score rows: each row's top-k of its visible columns (those up to its
+    own block), forced (+inf) columns first, -1 padded, for every select mode;
+    rows before ``nd`` are left alone."""
+    from vllm.models.minimax_m3.common.triton_ops.indexer import select_score_rows
+
+    seed = _seed()
+    B, topk, H, nd = 16, 4, 2, 3
+    T = 9 if ON_GPU or nb < 1000 else 5
+    pos = torch.randint(0, nb * B, (T,), dtype=torch.int32)
+    pos[-1] = 2 * B - 1  # two visible blocks: fewer than top-k, padded
+    scores = torch.randn(T, H, nb)
+    own = (pos // B).long()
+    scores[torch.arange(T), :, own] = float("inf")  # the own block is forced
+    # columns after the own block are never written: garbage that would win
+    scores.masked_fill_(torch.arange(nb)[None, None, :] > own[:, None, None], 1e30)
+    out = torch.full((T, H, topk), 777, dtype=torch.int32)
+    out_d, sc_d, pos_d = out.to(DEVICE), scores.to(DEVICE), pos.to(DEVICE)
+    tune = {"sm90_select": mode}
+    if mode == "bitonic" and nb == 150:
+        tune["sm90_select_piece"] = 32  # several pieces per row, each merged
+    select_score_rows(sc_d, pos_d, out_d, nd, B, topk, tune)
+    got = out_d.cpu()
+    assert (got[:nd] == 777).all(), f"[seed {seed}] rows before nd were written"
+    for t in range(nd, T):
+        for h in range(H):
+            n = int(own[t]) + 1
+            want = torch.topk(scores[t, h, :n], min(topk, n)).indices.sort().values
+            row = got[t, h]
+            assert (row[len(want):] == -1).all(), (seed, mode, t, h, row)
+            assert torch.equal(row[:len(want)].sort().values.long(), want), (seed, mode, t, h,
+                                                                              row, want)
 
 
 @pytest.mark.parametrize("local,init", [(2, 1), (3, 0), (0, 0), (1, 2)])

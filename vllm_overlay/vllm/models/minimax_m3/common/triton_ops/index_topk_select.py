@@ -218,3 +218,41 @@ def block_topk_select_kernel(
                     out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh,
                     TOPK, TOPK_PAD, CHUNK, HAS_IDS, SINGLE_CHUNK, False, RANK, RANK_COLS,
                     RADIX)
+
+
+@triton.jit
+def block_topk_bitonic_kernel(
+    vals_ptr, pos_ptr, out_ptr,
+    tok_base, N,
+    stride_vt, stride_vh,
+    stride_ot, stride_oh,
+    TOPK: tl.constexpr, TOPK_PAD: tl.constexpr, PIECE: tl.constexpr,
+    SPARSE_BLOCK: tl.constexpr,
+):
+    """Top-k of a row of block scores by bitonic top-k (``tl.topk``), one
+    program per (token, head), the columns up to the token's own block only
+    (``VALID_FROM_POS``): the row is read in pieces of ``PIECE`` columns, each
+    piece's top ``TOPK_PAD`` merged with the running set, so the work follows
+    the visible blocks, not the row's allocated width.  Each entry is one
+    uint64 key: the score's order bits above, the column inverted below, so
+    ties go to the lower column and the key carries its column.  Slots are
+    filled in descending score order, -1 after the visible blocks."""
+    t = tok_base + tl.program_id(0)
+    h = tl.program_id(1)
+    pos = tl.load(pos_ptr + t)
+    n_valid = tl.minimum(pos // SPARSE_BLOCK + 1, N)
+    row = vals_ptr + t.to(tl.int64) * stride_vt + h * stride_vh
+    offs = tl.arange(0, PIECE)
+    best = tl.zeros([TOPK_PAD], tl.uint64)  # key 0: no entry
+    for c0 in range(0, n_valid, PIECE):
+        cols = c0 + offs
+        v = tl.load(row + cols, mask=cols < n_valid, other=float("-inf"))
+        key = ((order_keys(v).to(tl.uint64) << 32)
+               | (0xFFFFFFFF - cols.to(tl.uint32)).to(tl.uint64))
+        key = tl.where((cols < n_valid) & (v > float("-inf")), key, 0)
+        top = tl.topk(key, TOPK_PAD)
+        best = tl.topk(tl.reshape(tl.join(best, top), [2 * TOPK_PAD], can_reorder=True), TOPK_PAD)
+    col = (0xFFFFFFFF - (best & 0xFFFFFFFF)).to(tl.int32)
+    offs_k = tl.arange(0, TOPK_PAD)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + offs_k,
+             tl.where(best != 0, col, -1), mask=offs_k < TOPK)

@@ -17,7 +17,9 @@ Two paths, both without host syncs or data-dependent grids:
     picks the top-k); grid sizes depend only on ``max_context``.
   * prefill (the remaining tokens): tiles of query tokens with a streaming
     top-k in registers (``index_topk_prefill``), optionally split over the
-    context and merged by ``index_topk_select``.
+    context and merged by ``index_topk_select``; on an H100/H200 (bf16 / fp16
+    index keys, index dim = sparse block = 128) block scores by a Gluon kernel
+    (``index_score_prefill_sm90``) and the decode path's select launch.
 Callers that know the batch split (vLLM orders decode tokens first) should
 pass ``num_decode_tokens``; the default sends a batch with T <= R tokens down
 the decode path and any other batch down the prefill path (correct either
@@ -32,10 +34,24 @@ from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_tabl
                      num_sms, use_pdl)
 from .index_score_decode import index_block_max_decode_kernel
 from .index_topk_prefill import index_topk_prefill_kernel
-from .index_topk_select import block_topk_select_kernel
+from .index_topk_select import block_topk_bitonic_kernel, block_topk_select_kernel
+
+try:  # Gluon (Triton's explicit-layout dialect) for the sm_90 prefill index
+    from .index_score_prefill_sm90 import (MAX_REGISTERS as SM90_INDEX_REGISTERS,
+                                           NUM_WARPS as SM90_INDEX_WARPS,
+                                           index_block_max_prefill_sm90_kernel,
+                                           sm90_index_supported)
+except Exception:  # pragma: no cover - a Triton without Gluon (or its Hopper ops)
+    index_block_max_prefill_sm90_kernel = None
 
 _FP8_DTYPES = tuple(
     getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+
+
+# launch-shape overrides of the tl prefill kernel: with any of them the prefill
+# index runs that kernel (not the sm_90 one) unless ``_tune["sm90"]`` says otherwise
+TL_PREFILL_TUNES = frozenset(("BLOCK_M", "num_warps", "num_stages", "prefetch_rows",
+                              "skip_full_mask", "split_visible"))
 
 
 def _select_warps(chunk: int) -> int:
@@ -162,7 +178,13 @@ def index_block_topk(
         candidates, default for rows of at most 64 entries; radix_select: the
         decode top-k by a bitwise threshold search, default in the select
         launch for rows of 65-256 entries; select_warps: that launch's warps;
-        see ``decode_select``).
+        see ``decode_select``); on an H100/H200 the prefill tokens run the Gluon
+        scoring kernel and a select launch (``index_score_prefill_sm90``) where
+        it covers the launch: sm90 (False: the tl kernel, as does any of
+        ``TL_PREFILL_TUNES`` or ``context_splits``), sm90_splits (programs per
+        tile), sm90_warps (16 query rows each, a multiple of 4), sm90_buffers (key tiles in flight + 1), sm90_maxnreg (0: ptxas
+        picks the registers), sm90_select ("segments", "radix", "argmax":
+        ``select_score_rows``), sm90_select_warps.
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
     the block scores, with ``return_scores``).
     """
@@ -290,6 +312,14 @@ def index_block_topk(
         # H200 for an 8192-token chunk at 32k and 128k context (228 vs 255 us,
         # 835 vs 936 us; ci/bench_msa.py sweep of 2026-11-30, run 7); it needs
         # one key tile per sparse block (sparse blocks up to 128 tokens)
+        if (index_block_max_prefill_sm90_kernel is not None and context_splits is None
+                and bool(tune.get("sm90", not TL_PREFILL_TUNES.intersection(tune)))
+                and sm90_index_supported(idx_q, idx_k_cache, k_scaled, sparse_block, page_size,
+                                         T, H, max_blocks)):
+            _prefill_index_sm90(idx_q, idx_k_cache, block_table, token_req, token_pos, out,
+                                nd, T, sparse_block, topk, local_blocks, init_blocks,
+                                max_blocks, sms, tune)
+            return out
         prefetch_rows = bool(tune.get("prefetch_rows", BLOCK_N == sparse_block))
         if prefetch_rows and BLOCK_N != sparse_block:
             raise ValueError(f"prefetch_rows needs one key tile per sparse block "
@@ -364,6 +394,90 @@ def index_block_topk(
                 num_warps=_select_warps(mchunk),
             )
     return out
+
+
+def _prefill_index_sm90(idx_q, idx_k_cache, block_table, token_req, token_pos, out, nd, T,
+                        sparse_block, topk, local_blocks, init_blocks, max_blocks, sms, tune):
+    """The prefill tokens ``[nd, T)`` on an H100/H200: block scores by the Gluon
+    kernel (``index_score_prefill_sm90``) into a [T, H, max_blocks] buffer, then
+    the top-k of each row (``select_score_rows``)."""
+    H = idx_q.shape[1]
+    npf = T - nd
+    warps = int(tune.get("sm90_warps", SM90_INDEX_WARPS))  # 16 query rows per warp
+    BLOCK_M = 16 * warps
+    tiles = cdiv(npf, BLOCK_M)
+    # splits of the blocks each tile sees, enough programs for about four per SM
+    splits = int(tune.get("sm90_splits", 0))
+    if splits < 1:
+        splits = 1
+        while splits < 16 and tiles * H * splits < 4 * sms and cdiv(max_blocks, splits * 2) >= 8:
+            splits *= 2
+    scores = torch.empty((T, H, max_blocks), dtype=torch.float32, device=idx_q.device)
+    # two programs of 8 warps per SM need at most 128 registers (0: ptxas decides)
+    maxnreg = int(tune.get("sm90_maxnreg", SM90_INDEX_REGISTERS if warps == 8 else 0))
+    index_block_max_prefill_sm90_kernel[(tiles, H, splits)](
+        idx_q, idx_k_cache, block_table, token_req, token_pos, scores,
+        nd, T,
+        idx_q.stride(0), idx_q.stride(1),
+        idx_k_cache.stride(0), idx_k_cache.stride(1),
+        block_table.stride(0),
+        scores.stride(0), scores.stride(1),
+        D=idx_q.shape[2], SPARSE_BLOCK=sparse_block, BLOCK_M=BLOCK_M,
+        PAGE_SIZE=idx_k_cache.shape[1], LOCAL=local_blocks, INIT=init_blocks,
+        SPLITS=splits, MIN_SPLIT_BLOCKS=int(tune.get("min_split_blocks", 8)),
+        NUM_BUF=int(tune.get("sm90_buffers", 2)),
+        num_warps=warps,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
+    )
+    select_score_rows(scores, token_pos, out, nd, sparse_block, topk, tune)
+
+
+def select_score_rows(scores: torch.Tensor, token_pos: torch.Tensor, out: torch.Tensor, nd: int,
+                      sparse_block: int, topk: int, tune: dict) -> None:
+    """The top-k blocks of the score rows ``[nd, T)`` of ``scores`` [T, H, NB]
+    float32 (columns up to each token's own block written, +inf = forced) into
+    ``out`` [T, H, topk] (left-packed, -1 padded; ties to the lower block).
+    Rows of at most 64 blocks are ranked in one pass ("rank"); longer rows by
+    bitonic top-k over the visible columns in pieces of 128 ("bitonic"), so
+    the work follows the context, not the block table's width; or
+    (``_tune["sm90_select"]``) over the whole row by a bitwise threshold search
+    ("radix": 10% faster where the table is as wide as the context, 2x slower
+    at 8k context in a 128k table) or by arg-max rounds ("argmax"). H200 run
+    54 also timed each 64-column segment ranked, then the candidates: slower
+    (128k: 179 against 98 us), not kept."""
+    T, H, nb = scores.shape
+    npf = T - nd
+    topk_pad = next_pow2(topk)
+    chunk = next_pow2(nb)
+    mode = tune.get("sm90_select", "rank" if chunk <= 64 else "bitonic")
+    if mode not in ("rank", "bitonic", "radix", "argmax"):
+        raise ValueError(f"sm90_select must be rank, bitonic, radix or argmax, got {mode!r}")
+    if mode == "bitonic":
+        # pieces of 128 columns, one warp: H200 run 54, 8192 rows x 1024 blocks
+        # (128k): 96-99 us against 110 (256) and 135 (256, 4 warps); 32k 25.4-25.8
+        piece = int(tune.get("sm90_select_piece", min(chunk, 128)))
+        block_topk_bitonic_kernel[(npf, H)](
+            scores, token_pos, out,
+            nd, nb,
+            scores.stride(0), scores.stride(1),
+            out.stride(0), out.stride(1),
+            TOPK=topk, TOPK_PAD=topk_pad, PIECE=piece, SPARSE_BLOCK=sparse_block,
+            num_warps=int(tune.get("sm90_select_warps", 1)),
+        )
+        return
+    if mode == "rank" and chunk > 256:
+        raise ValueError(f"sm90_select 'rank' ranks rows of at most 256 blocks, got {nb}")
+    block_topk_select_kernel[(npf, H)](
+        scores, scores, token_pos, out,
+        nd, nb,
+        scores.stride(0), scores.stride(1),
+        out.stride(0), out.stride(1),
+        TOPK=topk, TOPK_PAD=topk_pad, CHUNK=chunk,
+        SPARSE_BLOCK=sparse_block, HAS_IDS=False, VALID_FROM_POS=True, SINGLE_CHUNK=True,
+        RANK=mode == "rank", RANK_COLS=min(chunk, max(16, 4096 // chunk)),
+        RADIX=mode == "radix",
+        num_warps=int(tune.get("sm90_select_warps", 1 if chunk <= 256 else 4)),
+    )
 
 
 __all__ = ["index_block_topk"]
