@@ -1058,6 +1058,28 @@ def test_default_decode_select_rule():
         False, False, 2)
 
 
+def test_sm90_prefill_index_rule():
+    """Which prefill index launches the sm_90 Gluon kernel covers (on an sm_90
+    device): bf16 / fp16 keys of the queries' dtype, index dim = sparse block =
+    128, pages tiling a block, rows of at most 2048 blocks, a score buffer of
+    at most 256 MiB; everything else takes the tl kernel. Off a GPU never."""
+    from vllm.models.minimax_m3.common.triton_ops.index_score_prefill_sm90 import (
+        sm90_index_fits, sm90_index_supported)
+
+    bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    ok = dict(q_dtype=bf16, k_dtype=bf16, k_scaled=False, dim=128, sparse_block=128,
+              page_size=64, rows=8192, heads=1, max_blocks=1024)
+    assert sm90_index_fits(**ok)
+    assert sm90_index_fits(**dict(ok, q_dtype=f16, k_dtype=f16, page_size=128))
+    assert sm90_index_fits(**dict(ok, rows=32768, heads=2))  # exactly 256 MiB
+    for bad in (dict(q_dtype=f32, k_dtype=f32), dict(k_dtype=torch.float8_e4m3fn),
+                dict(k_dtype=f16), dict(k_scaled=True), dict(dim=64), dict(sparse_block=64),
+                dict(page_size=96), dict(max_blocks=2049), dict(rows=32769, heads=2)):
+        assert not sm90_index_fits(**dict(ok, **bad)), bad
+    q = torch.zeros(4, 1, 128, dtype=bf16)
+    assert not sm90_index_supported(q, q, False, 128, 64, 4, 1, 8)  # a CPU tensor
+
+
 def test_default_prefetch_rows_rule():
     """The per-token kernel resolves rows one tile ahead by default only with
     per-token-head scales (kernel mode 2), never instead of a key split or

@@ -191,19 +191,28 @@ def sm90_index_supported(idx_q: torch.Tensor, idx_k_cache: torch.Tensor, k_scale
                          sparse_block: int, page_size: int, rows: int, heads: int,
                          max_blocks: int) -> bool:
     """Whether the prefill index runs ``index_block_max_prefill_sm90_kernel``
-    (then ``block_topk_select_kernel``): an sm_90 CUDA device, bf16 / fp16 index
-    queries and keys of one dtype (no fp8 index keys), index dim 128 = sparse
-    block (the shape the H200 runs check), pages that tile a block, rows of at
-    most ``MAX_SCORED_BLOCKS`` blocks and a score buffer of at most
-    ``SCORE_BUFFER_BYTES``."""
+    (then ``indexer.select_score_rows``) for this launch: an sm_90 CUDA device
+    and ``sm90_index_fits``."""
     if not (idx_q.is_cuda and torch.version.cuda
             and torch.cuda.get_device_capability(idx_q.device) == (9, 0)):
         return False
-    return (idx_q.dtype in (torch.bfloat16, torch.float16) and idx_k_cache.dtype == idx_q.dtype
-            and not k_scaled and idx_q.shape[-1] == sparse_block == 128
-            and sparse_block % page_size == 0 and max_blocks <= MAX_SCORED_BLOCKS
+    return sm90_index_fits(idx_q.dtype, idx_k_cache.dtype, k_scaled, idx_q.shape[-1],
+                           sparse_block, page_size, rows, heads, max_blocks)
+
+
+def sm90_index_fits(q_dtype: torch.dtype, k_dtype: torch.dtype, k_scaled: bool, dim: int,
+                    sparse_block: int, page_size: int, rows: int, heads: int,
+                    max_blocks: int) -> bool:
+    """The launches the sm_90 prefill index covers: bf16 / fp16 index queries
+    and keys of one dtype (no fp8 index keys), index dim 128 = sparse block
+    (the shape the H200 runs check), pages that tile a block, rows of at most
+    ``MAX_SCORED_BLOCKS`` blocks and a score buffer ([rows, heads, max_blocks]
+    float32) of at most ``SCORE_BUFFER_BYTES``."""
+    return (q_dtype in (torch.bfloat16, torch.float16) and k_dtype == q_dtype and not k_scaled
+            and dim == sparse_block == 128 and sparse_block % page_size == 0
+            and max_blocks <= MAX_SCORED_BLOCKS
             and rows * heads * max_blocks * 4 <= SCORE_BUFFER_BYTES)
 
 
 __all__ = ["MAX_REGISTERS", "MAX_SCORED_BLOCKS", "NUM_WARPS", "SCORE_BUFFER_BYTES",
-           "index_block_max_prefill_sm90_kernel", "sm90_index_supported"]
+           "index_block_max_prefill_sm90_kernel", "sm90_index_fits", "sm90_index_supported"]
