@@ -52,6 +52,12 @@ def test_fix_entries_carry_upstream_provenance():
         assert entry.fields["Forwarded"] and entry.fields["Last-Update"]
 
 
+def test_every_overlay_file_is_owned_by_an_entry():
+    """A file under vllm_overlay/ that no entry lists (Overlay-File) is not
+    applied, so it is in no build: the repository's own series has none."""
+    assert Series.load(REPO).unowned_overlay_files() == []
+
+
 def test_installed_cpu_build_is_this_series():
     import vllm
 
