@@ -20,7 +20,8 @@
 #   fp8kv_block_major   the FP8 KV engines (fp8kv), block-major forced
 #   fp8index tests/models/test_minimax_m3_fp8_index.py (optional FP8 index-key cache)
 #   production_heads  tests/models/test_minimax_m3_production_heads.py (one TP4 rank's head
-#            shapes: bf16 and fp8 KV engines through the sm_90 block-major kernel)
+#            shapes: bf16 and fp8 KV engines through the sm_90 block-major kernel and
+#            the sm_90 prefill index); production_heads_bf16 its bf16 test only
 # DEADLINE_EPOCH (seconds since the epoch): suites are cut to end before it, or skipped.
 #   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
 #            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
@@ -47,7 +48,8 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'"
   [parity_block_major]="tests/models/test_minimax_m3.py -k 'bf16_teacher or chunked_prefill'"
   [fp8kv_block_major]="tests/models/test_minimax_m3_fp8_kv.py"
-  [production_heads]="tests/models/test_minimax_m3_production_heads.py")
+  [production_heads]="tests/models/test_minimax_m3_production_heads.py"
+  [production_heads_bf16]="tests/models/test_minimax_m3_production_heads.py -k bf16_block_major")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
   [graphs_bf16_nopdl]="VLLM_MINIMAX_M3_PDL=0"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1"

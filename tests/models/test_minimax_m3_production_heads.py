@@ -43,14 +43,19 @@ PROMPT_LEN = 1100
 SPARSE_BLOCK = 128
 BF16_REL, BF16_ABS, BF16_MEDIAN = 1.5, 0.02, 0.15  # as test_minimax_m3.py
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-# the sm_90 block-major kernel's compiled variants in the engine's process
+# the sm_90 Gluon kernels' compiled variants in the engine's process: the
+# block-major attention and the prefill index scoring (0: not imported or never run)
 PROBE = '''
 def probe(model):
-    from vllm.models.minimax_m3.common.triton_ops import sparse_attn_block_major_sm90 as m
-    kernel = m.sparse_attn_block_major_sm90_kernel
-    if kernel is None:
-        return 0
-    return sum(len(cache[0]) for cache in kernel.device_caches.values())
+    from vllm.models.minimax_m3.common.triton_ops import indexer, sparse_attn_block_major_sm90 as m
+
+    def compiled(kernel):
+        if kernel is None:
+            return 0
+        return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+    return {"block_major": compiled(m.sparse_attn_block_major_sm90_kernel),
+            "index": compiled(indexer.index_block_max_prefill_sm90_kernel)}
 '''
 
 
@@ -87,7 +92,8 @@ def test_bf16_block_major_matches_transformers(ckpt, prompt, tmp_path):
 
     res = _run(tmp_path / "bf16", ckpt, prompt)
     if SM90:
-        assert res["probe"] > 0, "the sm_90 block-major kernel did not run"
+        assert res["probe"]["block_major"] > 0, "the sm_90 block-major kernel did not run"
+        assert res["probe"]["index"] > 0, "the sm_90 prefill index kernel did not run"
     got = _logprobs(res)
     ref32, ref16 = (torch.tensor(hf_token_logprobs(
         MiniMaxM3SparseForConditionalGeneration.from_pretrained(ckpt, dtype=dt).eval(), prompt))
@@ -107,7 +113,8 @@ def test_fp8_kv_block_major_close_to_bf16_cache(ckpt, prompt, tmp_path):
                      hf_overrides={"msa_kv_cache_scales": "per_token_head"})))}
     if SM90:
         for name, res in runs.items():
-            assert res["probe"] > 0, f"{name}: the sm_90 block-major kernel did not run"
+            assert res["probe"]["block_major"] > 0, f"{name}: sm_90 block-major did not run"
+            assert res["probe"]["index"] > 0, f"{name}: the sm_90 prefill index did not run"
     ref = _logprobs(runs["bf16"])
     scalar = (_logprobs(runs["scalar"]) - ref).abs().mean().item()
     pth = (_logprobs(runs["pth"]) - ref).abs().mean().item()
