@@ -48,10 +48,17 @@ def test_attention_kernels_compile_for_sm90():
                if ln.startswith(f"compiled sparse_attn_block_major_sm90_kernel mode {mode}")]
         assert len(hit) == 1, (mode, res.stdout[-3000:])
         assert " 0 bytes spill stores" in lines[hit[0] - 1], (mode, lines[hit[0] - 1])
-    # the sm_90 prefill index scoring fits two programs per SM (128 registers)
-    # without spills, with a ring of 2 key tiles (the default) and 3
+    # the sm_90 prefill index scoring fits two programs per SM (128 registers) with
+    # at most 32 bytes of spills (the build H200 run 54 timed spills 28; left to take
+    # more registers it ran one program per SM and was 15-28% slower at 128k), with a
+    # ring of 2 key tiles (the default) and 3
+    import re
     for ring in (2, 3):
         hit = [i for i, ln in enumerate(lines)
                if ln.startswith(f"compiled index_block_max_prefill_sm90_kernel NUM_BUF={ring}")]
         assert len(hit) == 1, (ring, res.stdout[-3000:])
-        assert " 0 bytes spill stores" in lines[hit[0] - 1], (ring, lines[hit[0] - 1])
+        usage = lines[hit[0] - 1]
+        spill = re.search(r"(\d+) bytes spill stores", usage)
+        assert spill and int(spill.group(1)) <= 32, (ring, usage)
+        regs = re.search(r"Used (\d+) registers", usage)
+        assert regs and int(regs.group(1)) <= 128, (ring, usage)
