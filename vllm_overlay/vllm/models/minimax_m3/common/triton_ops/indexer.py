@@ -19,7 +19,7 @@ Two paths, both without host syncs or data-dependent grids:
     top-k in registers (``index_topk_prefill``), optionally split over the
     context and merged by ``index_topk_select``; on an H100/H200 (bf16 / fp16
     index keys, index dim = sparse block = 128) block scores by a Gluon kernel
-    (``index_score_prefill_sm90``) and the decode path's select launch.
+    (``index_score_prefill_sm90``) and a select launch (``select_score_rows``).
 Callers that know the batch split (vLLM orders decode tokens first) should
 pass ``num_decode_tokens``; the default sends a batch with T <= R tokens down
 the decode path and any other batch down the prefill path (correct either
@@ -182,9 +182,10 @@ def index_block_topk(
         scoring kernel and a select launch (``index_score_prefill_sm90``) where
         it covers the launch: sm90 (False: the tl kernel, as does any of
         ``TL_PREFILL_TUNES`` or ``context_splits``), sm90_splits (programs per
-        tile), sm90_warps (16 query rows each, a multiple of 4), sm90_buffers (key tiles in flight + 1), sm90_maxnreg (0: ptxas
-        picks the registers), sm90_select ("segments", "radix", "argmax":
-        ``select_score_rows``), sm90_select_warps.
+        tile), sm90_warps (16 query rows each, a multiple of 4), sm90_buffers
+        (key tiles in flight + 1), sm90_maxnreg (0: ptxas picks the registers),
+        sm90_select ("rank", "bitonic", "radix", "argmax": ``select_score_rows``),
+        sm90_select_piece, sm90_select_warps.
     Returns: [T, H_idx, topk] int32 block ids, left-packed, -1 padded (or
     the block scores, with ``return_scores``).
     """
@@ -303,6 +304,14 @@ def index_block_topk(
 
     npf = T - nd
     if npf > 0:
+        if (index_block_max_prefill_sm90_kernel is not None and context_splits is None
+                and bool(tune.get("sm90", not TL_PREFILL_TUNES.intersection(tune)))
+                and sm90_index_supported(idx_q, idx_k_cache, k_scaled, sparse_block, page_size,
+                                         T, H, max_blocks)):
+            _prefill_index_sm90(idx_q, idx_k_cache, block_table, token_req, token_pos, out,
+                                nd, T, sparse_block, topk, local_blocks, init_blocks,
+                                max_blocks, sms, tune)
+            return out
         # 128 query rows per tile: on the H200 (ci/bench_msa.py --sweep, runs of
         # 2026-11-30) 14-17% faster than 64 for an 8192-token chunk at 32k and
         # 128k context (255 vs 298 us, 937 vs 1126 us); 8 warps are slower
@@ -312,14 +321,6 @@ def index_block_topk(
         # H200 for an 8192-token chunk at 32k and 128k context (228 vs 255 us,
         # 835 vs 936 us; ci/bench_msa.py sweep of 2026-11-30, run 7); it needs
         # one key tile per sparse block (sparse blocks up to 128 tokens)
-        if (index_block_max_prefill_sm90_kernel is not None and context_splits is None
-                and bool(tune.get("sm90", not TL_PREFILL_TUNES.intersection(tune)))
-                and sm90_index_supported(idx_q, idx_k_cache, k_scaled, sparse_block, page_size,
-                                         T, H, max_blocks)):
-            _prefill_index_sm90(idx_q, idx_k_cache, block_table, token_req, token_pos, out,
-                                nd, T, sparse_block, topk, local_blocks, init_blocks,
-                                max_blocks, sms, tune)
-            return out
         prefetch_rows = bool(tune.get("prefetch_rows", BLOCK_N == sparse_block))
         if prefetch_rows and BLOCK_N != sparse_block:
             raise ValueError(f"prefetch_rows needs one key tile per sparse block "
