@@ -105,7 +105,6 @@ def index_block_max_prefill_sm90_kernel(
     own = gl.where(rmask, pos // SPARSE_BLOCK, -1)
     srow = scores_ptr + rows.to(gl.int64) * stride_st + h * stride_sh
     keys0 = gl.arange(0, SPARSE_BLOCK, layout=cols_l)
-    k_t_layout: gl.constexpr = row_tile_layout(D, gl.num_warps())
 
     r_lo = gl.min(gl.where(rmask, req, 2147483647), axis=0)
     r_hi = gl.max(gl.where(rmask, req, -1), axis=0)
@@ -124,12 +123,12 @@ def index_block_max_prefill_sm90_kernel(
 
         for jj in gl.static_range(NUM_BUF - 1):
             page, kload = key_pages(bt_row, b_lo + jj, max_pos, jj < nblk, SPARSE_BLOCK,
-                                    PAGE_SIZE, k_t_layout)
+                                    PAGE_SIZE, tile)
             copy_key_tile(k_ptr, k_smem.index(jj), b_lo + jj, page, kload, stride_kp, stride_ks,
-                          D, SPARSE_BLOCK, PAGE_SIZE, k_t_layout)
+                          D, SPARSE_BLOCK, PAGE_SIZE, tile)
         # the pages of the block the first iteration sends for
         page, kload = key_pages(bt_row, b_lo + NUM_BUF - 1, max_pos, NUM_BUF - 1 < nblk,
-                                SPARSE_BLOCK, PAGE_SIZE, k_t_layout)
+                                SPARSE_BLOCK, PAGE_SIZE, tile)
         for i in range(nblk):
             b = b_lo + i
             # block i's keys (and, first, the query tile) landed, visible to the
@@ -144,9 +143,9 @@ def index_block_max_prefill_sm90_kernel(
             # iteration ago), and the page lookups of the block after it
             nxt = i + NUM_BUF - 1
             copy_key_tile(k_ptr, k_smem.index(nxt % NUM_BUF), b_lo + nxt, page, kload, stride_kp,
-                          stride_ks, D, SPARSE_BLOCK, PAGE_SIZE, k_t_layout)
+                          stride_ks, D, SPARSE_BLOCK, PAGE_SIZE, tile)
             page, kload = key_pages(bt_row, b_lo + nxt + 1, max_pos, nxt + 1 < nblk,
-                                    SPARSE_BLOCK, PAGE_SIZE, k_t_layout)
+                                    SPARSE_BLOCK, PAGE_SIZE, tile)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
             if (b + 1) * SPARSE_BLOCK <= min_pos + 1:  # every row sees the whole block
                 bmax = gl.max(s, axis=1)
