@@ -707,11 +707,7 @@ def test_block_sparse_attention_block_major(case, shape):
                                                    merge_row_order=False)),
                                 # 64 rows per step (GPU only): on an H200 the Gluon
                                 # kernel (the default there), and the ``tl`` kernel
-                                # and the Gluon kernel with the next step's score MMA
-                                # issued before each step's partials leave
-                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)),
-                                   (4, n_decode, dict(sm90_pipeline=True)),
-                                   (4, 0, dict(sm90_pipeline=True, sm90_buffers=4)))
+                                *(((4, n_decode, None), (4, n_decode, dict(sm90=False)))
                                   if ON_GPU else ()),
                                 (8 if ON_GPU else 1, batch.T // 2, None))):
             if tm == 1 or (tune and "scale_held_kv" in tune and mode != 2):

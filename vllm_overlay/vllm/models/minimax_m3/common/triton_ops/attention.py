@@ -372,8 +372,7 @@ def block_sparse_attention(
         order (default; False: a (token, head) grid);
         ``sm90``: on an H100/H200, block-major runs the Gluon kernel where it
         covers the launch (default; False: the ``tl`` kernel); ``sm90_buffers``:
-        its query ring's depth; ``sm90_pipeline``: each step's successor's score
-        MMA issued before the step's partials are stored (a ring of at least 3).
+        its query ring's depth.
     Returns: [T, Hq, D] in q.dtype.
     """
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
@@ -592,12 +591,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # context: bf16 478.7 / 572.2 us with 2 against 485.6 / 574.5 with 3; fp8 scalar
     # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7
     # against 507.8 / 614.1 (ci/results/2026-12-01-block-major-sm90-profile-h200-run44.json)
-    sm90_pipeline = bool(tune.get("sm90_pipeline", False))
-    if sm90_pipeline and int(tune.get("sm90_buffers", 3)) < 3:
-        raise ValueError("_tune sm90_pipeline needs sm90_buffers >= 3 (it refills the ring "
-                         "slot of the step before last)")
-    sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 and not sm90_pipeline
-                                else 3))
+    sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 else 3))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
         req_s, pos_s = token_req[s:s + step], token_pos[s:s + step]
@@ -622,7 +616,7 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 block_table.stride(0),
                 HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
                 SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
-                SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers, PIPELINE=sm90_pipeline,
+                SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers,
                 num_warps=SM90_NUM_WARPS.value)
         else:
             sparse_attn_block_major_kernel[(num_tiles,)](

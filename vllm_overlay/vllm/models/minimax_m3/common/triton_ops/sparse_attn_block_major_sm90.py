@@ -82,7 +82,7 @@ def sparse_attn_block_major_sm90_kernel(
     HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr,
     TM: gl.constexpr, CHUNK: gl.constexpr, D: gl.constexpr, TOPK: gl.constexpr,
     SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALE_MODE: gl.constexpr,
-    SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr, PIPELINE: gl.constexpr = False,
+    SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr,
 ):
     R: gl.constexpr = TM * G_PAD
     gl.static_assert(R == 64, "one warpgroup MMA of 64 rows per step")
@@ -135,18 +135,7 @@ def sparse_attn_block_major_sm90_kernel(
         if SCALE_MODE != 0:
             widen_block(kv_ptr, k_smem, v_smem, NUM_BUF - 1, SCALE_MODE,
                         row_pieces_of_16_bytes(D, 8, NUM_WARPS))
-        if PIPELINE:
-            if see_all:
-                walk_pairs_sm90_pipelined(
-                    q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_lse_ptr,
-                    q_smem, k_smem, v_smem, first, n, b, g, qk_scale, stride_qt, stride_qh,
-                    HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK, NUM_BUF, mma, tile, False)
-            else:
-                walk_pairs_sm90_pipelined(
-                    q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, part_lse_ptr,
-                    q_smem, k_smem, v_smem, first, n, b, g, qk_scale, stride_qt, stride_qh,
-                    HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK, NUM_BUF, mma, tile, True)
-        elif see_all:
+        if see_all:
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
                             part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
                             stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
@@ -384,143 +373,6 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
         tok_t = tok_t_n
         slot_t = slot_t_n
     async_copy.wait_group(0)
-
-
-@gluon.jit
-def walk_pairs_sm90_pipelined(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
-                              part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
-                              stride_qt, stride_qh,
-                              HQ: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr,
-                              TM: gl.constexpr, D: gl.constexpr, TOPK: gl.constexpr,
-                              SPARSE_BLOCK: gl.constexpr, NUM_BUF: gl.constexpr,
-                              mma: gl.constexpr, tile: gl.constexpr, MASKED: gl.constexpr):
-    """``walk_pairs_sm90`` with the next step's score MMA issued before this
-    step's partials leave (``PIPELINE``): the tensor cores run step i + 1's
-    scores while the warpgroup normalises step i's output and sends it out
-    through shared memory, instead of waiting for the store.  The ring slot a
-    step refills is the one step i - 1 used (its partials are out once every
-    thread is past the barrier before the MMA), so the ring needs at least 3
-    tiles; the last step issues no MMA."""
-    gl.static_assert(NUM_BUF >= 3, "the pipelined walk refills the slot of the step before last")
-    R: gl.constexpr = TM * G_PAD
-    rows_l: gl.constexpr = gl.SliceLayout(1, mma)
-    cols_l: gl.constexpr = gl.SliceLayout(0, mma)
-    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-
-    offs_rc = gl.arange(0, R, layout=gl.SliceLayout(1, tile))
-    offs_dc = gl.arange(0, D, layout=gl.SliceLayout(0, tile))
-    pair_c = offs_rc // G_PAD
-    head_c = offs_rc % G_PAD
-    qcol = (g * G + head_c) * stride_qh
-    offs_r = gl.arange(0, R, layout=rows_l)
-    pair_r = offs_r // G_PAD
-    head_r = offs_r % G_PAD
-    heads = g * G + head_r
-    keys = b * SPARSE_BLOCK + gl.arange(0, SPARSE_BLOCK, layout=cols_l)
-    nsteps = gl.cdiv(n, TM)
-    k_t = k_smem.permute((1, 0))
-
-    # (the ring's first NUM_BUF - 1 steps are in flight: prime_query_ring)
-    tok_c = gl.load(pair_tok_ptr + first + (NUM_BUF - 1) * TM + pair_c,
-                    mask=(NUM_BUF - 1) * TM + pair_c < n, other=0)
-    tok = gl.load(pair_tok_ptr + first + pair_r, mask=pair_r < n, other=0)
-    slot = gl.load(pair_slot_ptr + first + pair_r, mask=pair_r < n, other=0)
-    pos = gl.load(pos_ptr + tok, mask=pair_r < n, other=-1)
-    tok_n = gl.load(pair_tok_ptr + first + TM + pair_r, mask=TM + pair_r < n, other=0)
-    tok_t = gl.load(pair_tok_ptr + first + pair_c, mask=pair_c < n, other=0)
-    slot_t = gl.load(pair_slot_ptr + first + pair_c, mask=pair_c < n, other=0)
-    query_tile_ready(NUM_BUF)
-    s_tok = warpgroup_mma(q_smem.index(0), k_t, gl.zeros([R, SPARSE_BLOCK], gl.float32, mma),
-                          use_acc=False, is_async=True)
-
-    for i in range(nsteps - 1):
-        s0 = i * TM
-        # step i + 1's slots and positions, step i + 2's tokens
-        slot_n = gl.load(pair_slot_ptr + first + s0 + TM + pair_r, mask=s0 + TM + pair_r < n,
-                         other=0)
-        pos_n = gl.load(pos_ptr + tok_n, mask=s0 + TM + pair_r < n, other=-1)
-        tok_nn = gl.load(pair_tok_ptr + first + s0 + 2 * TM + pair_r,
-                         mask=s0 + 2 * TM + pair_r < n, other=0)
-        tok_t_n = gl.load(pair_tok_ptr + first + s0 + TM + pair_c, mask=s0 + TM + pair_c < n,
-                          other=0)
-        slot_t_n = gl.load(pair_slot_ptr + first + s0 + TM + pair_c, mask=s0 + TM + pair_c < n,
-                           other=0)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-        o, m, l = softmax_times_v(s, pos, keys, qk_scale, v_smem, R, D, mma, p_l, MASKED)
-        # step i + 1's query rows landed (the ring's newest copy is step i + NUM_BUF - 2),
-        # every thread past step i - 1's partial reads: its score MMA, then the refill
-        async_copy.wait_group(NUM_BUF - 3)
-        fence_async_shared()
-        gl.thread_barrier()
-        s_tok = warpgroup_mma(q_smem.index((i + 1) % NUM_BUF), k_t,
-                              gl.zeros([R, SPARSE_BLOCK], gl.float32, mma), use_acc=False,
-                              is_async=True)
-        j = i + NUM_BUF - 1
-        copy_query_rows(q_ptr, q_smem.index(j % NUM_BUF), tok_c,
-                        (j * TM + pair_c < n) & (head_c < G), qcol, offs_dc, stride_qt)
-        tok_c = gl.load(pair_tok_ptr + first + (j + 1) * TM + pair_c,
-                        mask=(j + 1) * TM + pair_c < n, other=0)
-        store_partials(o, m, l, q_smem.index(i % NUM_BUF), part_o_ptr, part_lse_ptr,
-                       tok, slot, tok_t, slot_t, s0, n, g, pair_r, heads, head_r, pair_c,
-                       head_c, offs_dc, HQ, G, TOPK, R, D, tile)
-        tok = tok_n
-        slot = slot_n
-        pos = pos_n
-        tok_n = tok_nn
-        tok_t = tok_t_n
-        slot_t = slot_t_n
-    # the last step: no MMA after it
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok, ))
-    o, m, l = softmax_times_v(s, pos, keys, qk_scale, v_smem, R, D, mma, p_l, MASKED)
-    store_partials(o, m, l, q_smem.index((nsteps - 1) % NUM_BUF), part_o_ptr, part_lse_ptr,
-                   tok, slot, tok_t, slot_t, (nsteps - 1) * TM, n, g, pair_r, heads, head_r,
-                   pair_c, head_c, offs_dc, HQ, G, TOPK, R, D, tile)
-    async_copy.wait_group(0)
-
-
-@gluon.jit
-def softmax_times_v(s, pos, keys, qk_scale, v_smem, R: gl.constexpr, D: gl.constexpr,
-                    mma: gl.constexpr, p_l: gl.constexpr, MASKED: gl.constexpr):
-    """One step's softmax over the held key tile (scores ``s`` [R, SPARSE_BLOCK]
-    float32, unscaled; ``pos`` [R] the rows' positions, used when MASKED) and
-    its product with the held V: (unnormalised output [R, D] float32, row max
-    in log2 units [R], row sum [R])."""
-    if MASKED:
-        s = gl.where(keys[None, :] <= pos[:, None], s, float("-inf"))
-    m = gl.max(s, axis=1) * qk_scale
-    if MASKED:
-        m = gl.where(m == float("-inf"), 0.0, m)
-    p = gl.exp2(s * qk_scale - m[:, None])
-    l = gl.sum(p, axis=1)
-    p_op = gl.convert_layout(p.to(v_smem.dtype), p_l)
-    o_tok = warpgroup_mma(p_op, v_smem, gl.zeros([R, D], gl.float32, mma), use_acc=False,
-                          is_async=True)
-    o = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, ))
-    return o, m, l
-
-
-@gluon.jit
-def store_partials(o, m, l, staging, part_o_ptr, part_lse_ptr, tok, slot, tok_t, slot_t, s0, n,
-                   g, pair_r, heads, head_r, pair_c, head_c, offs_dc, HQ: gl.constexpr,
-                   G: gl.constexpr, TOPK: gl.constexpr, R: gl.constexpr, D: gl.constexpr,
-                   tile: gl.constexpr):
-    """One step's partials out: the output normalised, its log2-sum-exp into
-    ``part_lse`` [T, HQ, TOPK] and the output as fp16 into ``part_o`` [T, HQ,
-    TOPK, D] in 16-byte row pieces through ``staging`` (the step's query tile,
-    whose MMA is done)."""
-    has = l > 0.0
-    o = o * (1.0 / gl.where(has, l, 1.0))[:, None]
-    lse = gl.where(has, m + gl.log2(gl.where(has, l, 1.0)), float("-inf"))
-    ph = (tok.to(gl.int64) * HQ + heads) * TOPK + slot
-    gl.store(part_lse_ptr + ph, lse, mask=(s0 + pair_r < n) & (head_r < G))
-    o_sl: gl.constexpr = gl.NVMMASharedLayout.get_default_for([R, D], gl.float16)
-    o_smem = staging._reinterpret(gl.float16, [R, D], o_sl)
-    o_smem.store(o.to(gl.float16))
-    gl.thread_barrier()
-    o = o_smem.load(tile)
-    ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
-    gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
-             mask=((s0 + pair_c < n) & (head_c < G))[:, None])
 
 
 @gluon.jit
