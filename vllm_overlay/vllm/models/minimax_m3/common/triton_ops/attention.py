@@ -617,9 +617,6 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 HQ=HQ, HKV=HKV, G=G, G_PAD=G_PAD, TM=pairs, CHUNK=chunk, D=D, TOPK=topk,
                 SPARSE_BLOCK=sparse_block, PAGE_SIZE=page_size, SCALE_MODE=kernel_mode,
                 SPLIT_MASKED=split_masked, NUM_BUF=sm90_buffers,
-                PART_CACHE=str(tune.get("sm90_part_cache", "")),
-                PART_EVICT=str(tune.get("sm90_part_evict", "")),
-                Q_EVICT=str(tune.get("sm90_q_evict", "")),
                 num_warps=SM90_NUM_WARPS.value)
         else:
             sparse_attn_block_major_kernel[(num_tiles,)](

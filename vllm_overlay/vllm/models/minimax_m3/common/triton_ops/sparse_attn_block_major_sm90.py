@@ -83,7 +83,6 @@ def sparse_attn_block_major_sm90_kernel(
     TM: gl.constexpr, CHUNK: gl.constexpr, D: gl.constexpr, TOPK: gl.constexpr,
     SPARSE_BLOCK: gl.constexpr, PAGE_SIZE: gl.constexpr, SCALE_MODE: gl.constexpr,
     SPLIT_MASKED: gl.constexpr, NUM_BUF: gl.constexpr,
-    PART_CACHE: gl.constexpr = "", PART_EVICT: gl.constexpr = "", Q_EVICT: gl.constexpr = "",
 ):
     R: gl.constexpr = TM * G_PAD
     gl.static_assert(R == 64, "one warpgroup MMA of 64 rows per step")
@@ -132,7 +131,7 @@ def sparse_attn_block_major_sm90_kernel(
                     row_pieces_of_16_bytes(D, kv_ptr.dtype.element_ty.primitive_bitwidth,
                                            NUM_WARPS))
         prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
-                         G, G_PAD, TM, D, NUM_BUF, tile, Q_EVICT)
+                         G, G_PAD, TM, D, NUM_BUF, tile)
         if SCALE_MODE != 0:
             widen_block(kv_ptr, k_smem, v_smem, NUM_BUF - 1, SCALE_MODE,
                         row_pieces_of_16_bytes(D, 8, NUM_WARPS))
@@ -140,12 +139,12 @@ def sparse_attn_block_major_sm90_kernel(
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
                             part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
                             stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
-                            NUM_BUF, mma, tile, False, PART_CACHE, PART_EVICT, Q_EVICT)
+                            NUM_BUF, mma, tile, False)
         else:
             walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr,
                             part_lse_ptr, q_smem, k_smem, v_smem, first, n, b, g, qk_scale,
                             stride_qt, stride_qh, HQ, G, G_PAD, TM, D, TOPK, SPARSE_BLOCK,
-                            NUM_BUF, mma, tile, True, PART_CACHE, PART_EVICT, Q_EVICT)
+                            NUM_BUF, mma, tile, True)
 
 
 @gluon.jit
@@ -243,7 +242,7 @@ def widen_block(kv_ptr, k_smem, v_smem, STAGED_GROUPS: gl.constexpr,
 @gluon.jit
 def prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride_qh,
                      G: gl.constexpr, G_PAD: gl.constexpr, TM: gl.constexpr, D: gl.constexpr,
-                     NUM_BUF: gl.constexpr, tile: gl.constexpr, Q_EVICT: gl.constexpr = ""):
+                     NUM_BUF: gl.constexpr, tile: gl.constexpr):
     """The copies of the first ``NUM_BUF - 1`` steps' query rows, one commit
     group each (``walk_pairs_sm90`` refills the ring from there)."""
     R: gl.constexpr = TM * G_PAD
@@ -256,18 +255,16 @@ def prime_query_ring(q_ptr, pair_tok_ptr, q_smem, first, n, g, stride_qt, stride
         tok_c = gl.load(pair_tok_ptr + first + jj * TM + pair_c, mask=jj * TM + pair_c < n,
                         other=0)
         copy_query_rows(q_ptr, q_smem.index(jj), tok_c, (jj * TM + pair_c < n) & (head_c < G),
-                        qcol, offs_dc, stride_qt, Q_EVICT)
+                        qcol, offs_dc, stride_qt)
 
 
 @gluon.jit
-def copy_query_rows(q_ptr, dst, tok, rows_ok, qcol, offs_d, stride_qt,
-                    EVICT: gl.constexpr = ""):
+def copy_query_rows(q_ptr, dst, tok, rows_ok, qcol, offs_d, stride_qt):
     """``cp.async`` of one step's query rows (tokens ``tok`` [R], column offsets
     ``qcol`` [R] of their heads) into ``dst`` [R, D]; rows not ``rows_ok`` are
     zero-filled.  One commit group per step."""
     ptrs = q_ptr + (tok.to(gl.int64) * stride_qt + qcol)[:, None] + offs_d[None, :]
-    async_copy.async_copy_global_to_shared(dst, ptrs, mask=rows_ok[:, None],
-                                           eviction_policy=EVICT)
+    async_copy.async_copy_global_to_shared(dst, ptrs, mask=rows_ok[:, None])
     async_copy.commit_group()
 
 
@@ -278,8 +275,7 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
                     HQ: gl.constexpr, G: gl.constexpr, G_PAD: gl.constexpr, TM: gl.constexpr,
                     D: gl.constexpr, TOPK: gl.constexpr, SPARSE_BLOCK: gl.constexpr,
                     NUM_BUF: gl.constexpr, mma: gl.constexpr, tile: gl.constexpr,
-                    MASKED: gl.constexpr, PART_CACHE: gl.constexpr = "",
-                    PART_EVICT: gl.constexpr = "", Q_EVICT: gl.constexpr = ""):
+                    MASKED: gl.constexpr):
     """The steps of one program (see the module docstring); MASKED=False: every
     pair sees every key of the block.  Each step's partials go out as 16-byte
     pieces of rows through shared memory (the step's own query tile, free
@@ -331,7 +327,7 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
         # past its MMA and its partials' reads: query_tile_ready's barrier) ...
         j = i + NUM_BUF - 1
         copy_query_rows(q_ptr, q_smem.index(j % NUM_BUF), tok_c,
-                        (j * TM + pair_c < n) & (head_c < G), qcol, offs_dc, stride_qt, Q_EVICT)
+                        (j * TM + pair_c < n) & (head_c < G), qcol, offs_dc, stride_qt)
         tok_c = gl.load(pair_tok_ptr + first + (j + 1) * TM + pair_c,
                         mask=(j + 1) * TM + pair_c < n, other=0)
         # ... and load step i + 1's slots and positions, step i + 2's tokens
@@ -362,16 +358,14 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
         lse = gl.where(has, m + gl.log2(gl.where(has, l, 1.0)), float("-inf"))
         # part_o [T, HQ, TOPK, D], part_lse [T, HQ, TOPK]
         ph = (tok.to(gl.int64) * HQ + heads) * TOPK + slot
-        gl.store(part_lse_ptr + ph, lse, mask=(s0 + pair_r < n) & (head_r < G),
-                 cache_modifier=PART_CACHE, eviction_policy=PART_EVICT)
+        gl.store(part_lse_ptr + ph, lse, mask=(s0 + pair_r < n) & (head_r < G))
         o_smem = q_smem.index(i % NUM_BUF)._reinterpret(gl.float16, [R, D], o_sl)
         o_smem.store(o.to(gl.float16))
         gl.thread_barrier()
         o = o_smem.load(tile)
         ph_t = (tok_t.to(gl.int64) * HQ + g * G + head_c) * TOPK + slot_t
         gl.store(part_o_ptr + ph_t[:, None] * D + offs_dc[None, :], o,
-                 mask=((s0 + pair_c < n) & (head_c < G))[:, None], cache_modifier=PART_CACHE,
-                 eviction_policy=PART_EVICT)
+                 mask=((s0 + pair_c < n) & (head_c < G))[:, None])
         tok = tok_n
         slot = slot_n
         pos = pos_n
