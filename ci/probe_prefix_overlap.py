@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Probe: can the 8k prefill step beat dense attention if the chunk's first
+tokens are attended densely *while the index runs*?
+
+A token at position p sees ``p // 128 + 1`` blocks; while that is at most
+top-k (p < 2048 at the released sizes) its selection is every visible block,
+so its sparse attention *is* dense causal attention over its prefix, and it
+does not depend on the index at all.  Run 43 gave those tokens to a Triton
+kernel after the index (``probe_dense_prefix.py``): block-major lost 55 us and
+the merge 6, the prefix kernel cost 72, so it lost; at Triton's best dense
+rate it would gain 26 us, too little for the 8k target.  What no run measured:
+the prefix on a second stream, beside the index (45 us at 8k, a triangle of
+short programs that does not fill the H200) and the grouping.
+
+One bf16 batch (an 8192-token chunk at 8k context, the index's own
+selections). Every variant is the whole step (index + top-k + attention) in one
+CUDA graph, timed in ``ROUNDS`` paired rounds after an L2 flush:
+
+- ``base``: today's step (block-major for every token);
+- ``prefix_serial``: block-major for tokens [P, T), then the prefix [0, P)
+  by torch SDPA (the dense baseline's kernel; its K/V rows gathered from the
+  paged cache and expanded to the query heads, its output copied into place:
+  all counted), one stream;
+- ``prefix_overlap``: the same prefix work on a second stream forked before
+  the index and joined at the end.
+
+P = ``PREFIX`` (default 2048: every token that selects all its blocks). Also
+reports the dense baseline (``sdpa_dense_prefill``) and each variant's largest
+output difference from ``base``. If ``prefix_overlap`` does not beat dense,
+the route is closed even with the fastest dense kernel torch has; if it does,
+the engine needs a dense prefix kernel over the paged cache and the index and
+attention launched on two streams. Results: $OUT/probe_prefix_overlap.json.
+
+  PROBE=probe_prefix_overlap.py GIT_COMMIT=... bash ci/gpu_kernel_job.sh
+"""
+
+import json
+import os
+
+from bench_msa import (B, D, HIDX, HQ, PAGE, TOPK, Batch, load_kernels, paired_rounds,
+                       probe_setup, sdpa_dense_prefill)
+
+
+def main():
+    import torch
+    F = torch.nn.functional.scaled_dot_product_attention
+    out_dir, dev, timer = probe_setup()
+    rounds = int(os.environ.get("ROUNDS", "7"))
+    ctx = int(os.environ.get("CONTEXT", "8192"))
+    P = int(os.environ.get("PREFIX", str(TOPK * B)))
+    index_block_topk, block_sparse_attention, src = load_kernels()
+    bt = Batch([ctx], ctx, 0, dev)  # the chunk is the whole context: its first tokens
+    assert P <= TOPK * B, "tokens past top-k x block do not select every block"
+    sel = torch.empty(bt.T, HIDX, TOPK, dtype=torch.int32, device=dev)
+    kp = torch.empty(1, HQ, P, D, device=dev, dtype=bt.kv.dtype)
+    vp = torch.empty_like(kp)
+    side = torch.cuda.Stream()
+
+    def index():
+        index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
+                         TOPK, out=sel, num_decode_tokens=0)
+
+    def sparse(o, first):
+        block_sparse_attention(bt.q[first:], bt.kv, bt.block_table, bt.token_req[first:],
+                               bt.token_pos[first:], sel[first:], B, D ** -0.5,
+                               out=o[first:], block_major=4)
+
+    pages = bt.block_table[0, : -(-P // PAGE)].long()
+
+    def prefix(o):
+        # the prefix's K/V rows from the paged cache ([2, P, HKV, D]), expanded to the
+        # query heads (one KV head per rank), dense causal attention, the output
+        # copied into place
+        rows = bt.kv[pages].transpose(0, 1).flatten(1, 2)[:, :P]
+        kp.copy_(rows[0].permute(1, 0, 2).expand(HQ, P, D)[None])
+        vp.copy_(rows[1].permute(1, 0, 2).expand(HQ, P, D)[None])
+        qp = bt.q[:P].transpose(0, 1)[None]
+        o[:P].copy_(F(qp, kp, vp, is_causal=True)[0].transpose(0, 1))
+
+    def variant(name):
+        o = torch.empty_like(bt.q)
+
+        def step():
+            if name == "base":
+                index()
+                sparse(o, 0)
+            elif name == "prefix_serial":
+                index()
+                sparse(o, P)
+                prefix(o)
+            else:  # prefix_overlap
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    prefix(o)
+                index()
+                sparse(o, P)
+                torch.cuda.current_stream().wait_stream(side)
+        return step, o
+
+    graphs, diffs, keep = {}, {}, []  # keep: each graph's step and output stay alive
+    base = None
+    for name in ("base", "prefix_serial", "prefix_overlap"):
+        step, o = variant(name)
+        o.fill_(float("nan"))
+        step()
+        torch.cuda.synchronize()
+        if base is None:
+            base = o.clone()
+        diffs[name] = float((o.float() - base.float()).abs().max())
+        graphs[name] = timer.graph(step)
+        keep.append((step, o))
+        print(name, "max diff from base", diffs[name], flush=True)
+    dense = sdpa_dense_prefill(ctx, ctx, dev)
+    graphs["dense"] = timer.graph(dense)
+    res = dict(kernels_from=src, gpu=torch.cuda.get_device_name(0),
+               commit=os.environ.get("GIT_COMMIT", "?"), context=ctx, chunk=bt.T, prefix=P,
+               rounds=rounds, max_diff_from_base=diffs,
+               **paired_rounds(timer, graphs, rounds, base="base"))
+    print(json.dumps({k: v for k, v in res.items() if k != "us"}, indent=1))
+    (out_dir / "probe_prefix_overlap.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
