@@ -22,7 +22,9 @@ CUDA graph, timed in ``ROUNDS`` paired rounds after an L2 flush:
   paged cache and expanded to the query heads, its output copied into place:
   all counted), one stream;
 - ``prefix_overlap``: the same prefix work on a second stream forked before
-  the index and joined at the end.
+  the index and joined at the end;
+- ``prefix_overlap_index_rest``: as ``prefix_overlap``, with the index scoring
+  only tokens [P, T) (the prefix's selections are not needed).
 
 P = ``PREFIX`` (default 2048: every token that selects all its blocks). Also
 reports the dense baseline (``sdpa_dense_prefill``) and each variant's largest
@@ -56,9 +58,9 @@ def main():
     vp = torch.empty_like(kp)
     side = torch.cuda.Stream()
 
-    def index():
-        index_block_topk(bt.idx_q, bt.idx_k, bt.block_table, bt.token_req, bt.token_pos, B,
-                         TOPK, out=sel, num_decode_tokens=0)
+    def index(first=0):
+        index_block_topk(bt.idx_q[first:], bt.idx_k, bt.block_table, bt.token_req[first:],
+                         bt.token_pos[first:], B, TOPK, out=sel[first:], num_decode_tokens=0)
 
     def sparse(o, first):
         block_sparse_attention(bt.q[first:], bt.kv, bt.block_table, bt.token_req[first:],
@@ -88,18 +90,18 @@ def main():
                 index()
                 sparse(o, P)
                 prefix(o)
-            else:  # prefix_overlap
+            else:  # prefix_overlap, prefix_overlap_index_rest
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     prefix(o)
-                index()
+                index(P if name == "prefix_overlap_index_rest" else 0)
                 sparse(o, P)
                 torch.cuda.current_stream().wait_stream(side)
         return step, o
 
     graphs, diffs, keep = {}, {}, []  # keep: each graph's step and output stay alive
     base = None
-    for name in ("base", "prefix_serial", "prefix_overlap"):
+    for name in ("base", "prefix_serial", "prefix_overlap", "prefix_overlap_index_rest"):
         step, o = variant(name)
         o.fill_(float("nan"))
         step()
