@@ -208,9 +208,10 @@ class Batch:
             return self.kv.float() * sc
         return self.kv.float() * self.kv_scales[..., None]
 
-    def contiguous_rows(self, cache, r):
-        """[ctx, ...] rows of request r from a paged [num_pages, PAGE, ...] cache."""
-        n = self.ctxs[r]
+    def contiguous_rows(self, cache, r, n=None):
+        """[n, ...] rows (default: all ctx) of request r from a paged
+        [num_pages, PAGE, ...] cache."""
+        n = self.ctxs[r] if n is None else n
         return cache[self.block_table[r, : -(-n // PAGE)].long()].flatten(0, 1)[:n]
 
 

@@ -39,7 +39,7 @@ attention launched on two streams. Results: $OUT/probe_prefix_overlap.json.
 import json
 import os
 
-from bench_msa import (B, D, HIDX, HQ, PAGE, TOPK, Batch, load_kernels, paired_rounds,
+from bench_msa import (B, D, HIDX, HQ, TOPK, Batch, load_kernels, paired_rounds,
                        probe_setup, sdpa_dense_prefill)
 
 
@@ -67,15 +67,13 @@ def main():
                                bt.token_pos[first:], sel[first:], B, D ** -0.5,
                                out=o[first:], block_major=4)
 
-    pages = bt.block_table[0, : -(-P // PAGE)].long()
-
     def prefix(o):
-        # the prefix's K/V rows from the paged cache ([2, P, HKV, D]), expanded to the
+        # the prefix's K/V rows from the paged cache ([P, HKV, D] each), expanded to the
         # query heads (one KV head per rank), dense causal attention, the output
         # copied into place
-        rows = bt.kv[pages].transpose(0, 1).flatten(1, 2)[:, :P]
-        kp.copy_(rows[0].permute(1, 0, 2).expand(HQ, P, D)[None])
-        vp.copy_(rows[1].permute(1, 0, 2).expand(HQ, P, D)[None])
+        for dst, c in ((kp, 0), (vp, 1)):
+            rows = bt.contiguous_rows(bt.kv[:, c], 0, P)
+            dst.copy_(rows.permute(1, 0, 2).expand(HQ, P, D)[None])
         qp = bt.q[:P].transpose(0, 1)[None]
         o[:P].copy_(F(qp, kp, vp, is_causal=True)[0].transpose(0, 1))
 
