@@ -29,7 +29,8 @@ for d in vllm vllm/models vllm/models/minimax_m3 vllm/models/minimax_m3/common; 
 done
 cp -r "$ops" "$shim/vllm/models/minimax_m3/common/triton_ops"
 # the PyTorch reference ops (torch only), which the kernel tests compare against
-cp vllm_overlay/vllm/models/minimax_m3/common/sparse_ops.py "$shim/vllm/models/minimax_m3/common/"
+cp vllm_overlay/vllm/models/minimax_m3/common/sparse_ops.py vllm_overlay/vllm/models/minimax_m3/common/dense_prefix.py \
+  "$shim/vllm/models/minimax_m3/common/"
 if python3 -c "import vllm" 2>/dev/null && [ -z "${PYTHONPATH:-}" ]; then
   echo "note: an installed vllm is shadowed by the stub for this job"
 fi

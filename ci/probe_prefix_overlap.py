@@ -25,6 +25,8 @@ CUDA graph, timed in ``ROUNDS`` paired rounds after an L2 flush:
   the index and joined at the end;
 - ``prefix_overlap_index_rest``: as ``prefix_overlap``, with the index scoring
   only tokens [P, T) (the prefix's selections are not needed).
+- ``engine``: the engine's path (``dense_prefix``: its spans and side stream,
+  its SDPA over the paged cache; the span of 2048 tokens whatever P is).
 
 P = ``PREFIX`` (default 2048: every token that selects all its blocks). Also
 reports the dense baseline (``sdpa_dense_prefill``) and each variant's largest
@@ -77,11 +79,33 @@ def main():
         qp = bt.q[:P].transpose(0, 1)[None]
         o[:P].copy_(F(qp, kp, vp, is_causal=True)[0].transpose(0, 1))
 
+    # the engine's path (MiniMaxM3SparseImpl.forward with the dense prefix): its
+    # spans, its side stream, the leading span cut off the sparse ops' tokens
+    from vllm.models.minimax_m3.common import dense_prefix as dp
+    qsl = torch.tensor([0, bt.T], dtype=torch.int32)
+    chunks = dp.long_prefill_chunks(qsl, torch.tensor([ctx]), dp.DEFAULT_MIN_TOKENS)
+    spans = dp.dense_spans(chunks, TOPK * B, dp.DEFAULT_MIN_TOKENS)
+    assert spans and spans[0].token_start == 0, spans
+    first, runner = spans[0].num_tokens, dp.SideStream()
+
+    def engine(o):
+        def main():
+            index(first)
+            sparse(o, first)
+            return o
+        _, dense = runner.run_beside(
+            dev, lambda: dp.dense_prefix_attention(bt.q, bt.kv, bt.block_table, spans,
+                                                   D ** -0.5), main)
+        for span, x in zip(spans, dense):
+            o[span.token_start : span.token_start + span.num_tokens] = x
+
     def variant(name):
         o = torch.empty_like(bt.q)
 
         def step():
-            if name == "base":
+            if name == "engine":
+                engine(o)
+            elif name == "base":
                 index()
                 sparse(o, 0)
             elif name == "prefix_serial":
@@ -99,7 +123,8 @@ def main():
 
     graphs, diffs, keep = {}, {}, []  # keep: each graph's step and output stay alive
     base = None
-    for name in ("base", "prefix_serial", "prefix_overlap", "prefix_overlap_index_rest"):
+    for name in ("base", "prefix_serial", "prefix_overlap", "prefix_overlap_index_rest",
+                 "engine"):
         step, o = variant(name)
         o.fill_(float("nan"))
         step()
@@ -114,6 +139,7 @@ def main():
     graphs["dense"] = timer.graph(dense)
     res = dict(kernels_from=src, gpu=torch.cuda.get_device_name(0),
                commit=os.environ.get("GIT_COMMIT", "?"), context=ctx, chunk=bt.T, prefix=P,
+               engine_spans=[list(x) for x in spans],
                rounds=rounds, max_diff_from_base=diffs,
                **paired_rounds(timer, graphs, rounds, base="base"))
     print(json.dumps({k: v for k, v in res.items() if k != "us"}, indent=1))

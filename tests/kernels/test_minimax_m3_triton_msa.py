@@ -745,6 +745,33 @@ def test_block_sparse_attention_block_major(case, shape):
                               f"start {start} tune {tune}] {m}")
 
 
+@pytest.mark.parametrize("layout", ["per_token", "token_tile", "block_major"])
+def test_block_sparse_attention_cleared_tokens(layout):
+    """Tokens whose selections are all -1 (the backend's densely attended
+    spans, ``dense_prefix``) leave every other token's output exact, in each
+    prefill layout; their own rows are overwritten by the backend."""
+    seed = _seed()
+    dtype = DTYPES[-1]
+    Hq, Hkv, D, _, B, page, topk = SHAPES[0]
+    batch = Batch([(5 * B + 3, 1), (0, 2 * B + 5), (B, B + 3)], page)
+    sel = shared_selection(batch, Hkv, topk, B)
+    cleared = torch.zeros(batch.T, dtype=torch.bool, device=DEVICE)
+    cleared[1:1 + B] = True  # the second request's first B tokens
+    cleared[batch.T - 3:] = True  # and the last request's last 3
+    sel[cleared] = -1
+    q = torch.randn(batch.T, Hq, D, device=DEVICE).to(dtype)
+    kw = dict(per_token={}, token_tile=dict(token_tile=4),
+              block_major=dict(block_major=4 if ON_GPU else 2))[layout]
+    kv, ks, vs, kvs, deq = make_kv_cache(batch, Hkv, D, dtype, 0, True)
+    ref = ref_attention(batch, q, deq, sel, B, D ** -0.5)
+    out = torch.full_like(q, float("nan"))
+    block_sparse_attention(q, kv, batch.block_table, batch.token_req, batch.token_pos, sel,
+                           B, D ** -0.5, 0, ks, vs, kvs, out=out, tile_start=1, **kw)
+    atol, rtol = tol(dtype)
+    torch.testing.assert_close(out[~cleared].double(), ref[~cleared], atol=atol, rtol=rtol,
+                               msg=lambda m: f"[seed {seed} {layout}] {m}")
+
+
 @pytest.mark.parametrize("aggregate,group_block,split", [(True, 1024, True), (True, 64, False),
                                                          (False, 1024, False), (False, 64, True)])
 def test_block_major_tiles_cover_every_pair_once(aggregate, group_block, split):

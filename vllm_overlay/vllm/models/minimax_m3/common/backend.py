@@ -33,7 +33,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from . import sparse_ops
+from . import dense_prefix, sparse_ops
 
 logger = init_logger(__name__)
 
@@ -143,6 +143,22 @@ def prefill_block_major() -> int | None:
     return value if value is None or value > 1 else 0
 
 
+def dense_prefix_min_tokens() -> int:
+    """``VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS`` (default
+    ``dense_prefix.DEFAULT_MIN_TOKENS``): a prefill chunk with at least this
+    many tokens below the dense limit (top-k x sparse block) attends those
+    tokens densely, beside the index (``dense_prefix``); 0 turns it off.
+    At least 16: shorter rows may be speculative-decode rows, whose host
+    sequence lengths are only upper bounds."""
+    value = os.environ.get("VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS", "")
+    if value == "":
+        return dense_prefix.DEFAULT_MIN_TOKENS
+    if not value.isdigit() or 0 < int(value) < 16:
+        raise ValueError("VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS must be 0 (off) or a "
+                         f"token count of at least 16, got {value!r}")
+    return int(value)
+
+
 @dataclass
 class MiniMaxM3SparseMetadata:
     num_actual_tokens: int
@@ -156,6 +172,9 @@ class MiniMaxM3SparseMetadata:
     num_decode_tokens: int = 0
     # longest request of the batch (host int; picks the prefill launch shape)
     max_seq_len: int = 0
+    # prefill chunks of at least dense_prefix_min_tokens() tokens (host ints;
+    # the Impl attends their tokens below its dense limit densely)
+    prefill_chunks: tuple[dense_prefix.PrefillChunk, ...] = ()
 
 
 class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMetadata]):
@@ -192,6 +211,7 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
         self._arange = torch.arange(self.max_tokens, dtype=torch.int32, device=device)
         self._token_req = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
         self._token_pos = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
+        self.dense_prefix_min_tokens = dense_prefix_min_tokens()
         if one_launch_decode() and device.type == "cuda":
             # the fused kernels' arrival counters must exist before graph capture
             try:
@@ -215,8 +235,12 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
             cm.query_start_loc[: R + 1], cm.seq_lens[:R], self._arange[:T]
         )
         _, _, num_decode_tokens, _ = split_decodes_and_prefills(cm, decode_threshold=1)
-        return self._metadata(cm, token_req, token_pos, num_decode_tokens,
-                              int(cm.max_seq_len))
+        md = self._metadata(cm, token_req, token_pos, num_decode_tokens, int(cm.max_seq_len))
+        seq_lens = cm.seq_lens_cpu_upper_bound  # exact for prefill rows
+        md.prefill_chunks = dense_prefix.long_prefill_chunks(
+            cm.query_start_loc_cpu[: R + 1], None if seq_lens is None else seq_lens[:R],
+            self.dense_prefix_min_tokens)
+        return md
 
     def build_for_cudagraph_capture(
         self, common_attn_metadata: CommonAttentionMetadata
@@ -404,6 +428,8 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         self.score_attend = score_attend_decode_enabled() and not self.one_launch
         self.prefill_token_tile = prefill_token_tile()
         self.prefill_block_major = prefill_block_major()
+        self.dense_prefix_min_tokens = dense_prefix_min_tokens()
+        self._side = dense_prefix.SideStream()
         self._ops: SparseOps | None = None
 
     def forward(  # type: ignore[override]
@@ -458,12 +484,48 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
                 self.init_blocks, self.scale, mode, k_scale, v_scale, kv_scales,
                 idx_k_scales=idx_scales, fold_scalar_scales=self.fold_scalar_scales)
             return output
+        spans = ()
+        if md.prefill_chunks and self.dense_prefix_min_tokens:
+            spans = dense_prefix.dense_spans(md.prefill_chunks,
+                                             self.topk_blocks * self.sparse_block,
+                                             self.dense_prefix_min_tokens)
+        scales = (mode, k_scale, v_scale, kv_scales)
+        if not spans:
+            output[:T] = self._sparse(ops, md, 0, (), q, idx_q, idx_cache, idx_scales,
+                                      kv_cache, scales)
+            return output
+        # A span that leads a prefill-only batch is cut off the sparse ops'
+        # tokens; the others keep their place there with no selected block.
+        first = spans[0].num_tokens if (spans[0].token_start == 0
+                                        and md.num_decode_tokens == 0) else 0
+        cleared = spans[1:] if first else spans
+        out, dense = self._side.run_beside(
+            q.device,
+            lambda: dense_prefix.dense_prefix_attention(
+                q, kv_cache, md.block_table, spans, self.scale, *scales),
+            lambda: self._sparse(ops, md, first, cleared, q, idx_q, idx_cache, idx_scales,
+                                 kv_cache, scales),
+        )
+        output[first:T] = out
+        for span, o in zip(spans, dense):
+            output[span.token_start : span.token_start + span.num_tokens] = o
+        return output
+
+    def _sparse(self, ops: SparseOps, md: MiniMaxM3SparseMetadata, first: int,
+                cleared: tuple, q, idx_q, idx_cache, idx_scales, kv_cache,
+                scales: tuple) -> torch.Tensor:
+        """Index + top-k, then block-sparse attention, for the batch's tokens
+        ``first ..``; the ``cleared`` spans' tokens get no selected block
+        (they are attended densely; their rows of the result are garbage)."""
+        T = md.num_actual_tokens
+        mode, k_scale, v_scale, kv_scales = scales
+        token_req, token_pos = md.token_req[first:], md.token_pos[first:]
         topk = ops.index_block_topk(
-            idx_q[:T],
+            idx_q[first:T],
             idx_cache,
             md.block_table,
-            md.token_req,
-            md.token_pos,
+            token_req,
+            token_pos,
             self.sparse_block,
             self.topk_blocks,
             self.local_blocks,
@@ -472,12 +534,14 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             **({"num_decode_tokens": md.num_decode_tokens,
                 "fused_select": self.one_launch} if ops.triton else {}),
         )
-        out = ops.block_sparse_attention(
-            q[:T],
+        for span in cleared:
+            topk[span.token_start - first : span.token_start - first + span.num_tokens] = -1
+        return ops.block_sparse_attention(
+            q[first:T],
             kv_cache,
             md.block_table,
-            md.token_req,
-            md.token_pos,
+            token_req,
+            token_pos,
             topk,
             self.sparse_block,
             self.scale,
@@ -487,12 +551,10 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             kv_scales,
             **({"fold_scalar_scales": self.fold_scalar_scales,
                 "fused_merge": self.one_launch,
-                **self._prefill_layout(md, mode != 0),
+                **self._prefill_layout(md, mode != 0, T - first - md.num_decode_tokens),
                 "tile_start": md.num_decode_tokens}
                if ops.triton else {}),
         )
-        output[:T] = out
-        return output
 
     def _takes_score_attend(self, md: MiniMaxM3SparseMetadata, page_size: int,
                             device: torch.device) -> bool:
@@ -506,14 +568,17 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         return (self.score_attend and md.num_decode_tokens >= T
                 and score_attend_fits(T, self.num_kv_heads, max_blocks, num_sms(device)))
 
-    def _prefill_layout(self, md: MiniMaxM3SparseMetadata, kv_fp8: bool) -> dict:
+    def _prefill_layout(self, md: MiniMaxM3SparseMetadata, kv_fp8: bool,
+                        num_prefill: int | None = None) -> dict:
         """The Triton attention's layout for the batch's prefill tokens
         (``token_tile`` / ``block_major`` keyword arguments; decode-only
         batches: one token per program).  An environment setting wins:
         block-major first, then the token tile; unset, the measured rule."""
         from vllm.models.minimax_m3.common.triton_ops import (default_prefill_layout,
                                                               default_prefill_token_tile)
-        if md.num_decode_tokens >= md.num_actual_tokens:
+        if num_prefill is None:  # every prefill token of the batch
+            num_prefill = md.num_actual_tokens - md.num_decode_tokens
+        if num_prefill <= 0:
             return dict(token_tile=0, block_major=0)
         if self.prefill_block_major:
             return dict(token_tile=0, block_major=self.prefill_block_major)
@@ -522,6 +587,5 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         if self.prefill_block_major == 0:  # block-major turned off: token tiles by rule
             return dict(token_tile=default_prefill_token_tile(
                 md.max_seq_len, self.sparse_block, self.topk_blocks, kv_fp8), block_major=0)
-        return default_prefill_layout(md.num_actual_tokens - md.num_decode_tokens,
-                                      md.max_seq_len, self.sparse_block, self.topk_blocks,
+        return default_prefill_layout(num_prefill, md.max_seq_len, self.sparse_block, self.topk_blocks,
                                       kv_fp8)
