@@ -86,18 +86,17 @@ def main():
     chunks = dp.long_prefill_chunks(qsl, torch.tensor([ctx]), dp.DEFAULT_MIN_TOKENS)
     spans = dp.dense_spans(chunks, TOPK * B, dp.DEFAULT_MIN_TOKENS)
     assert spans and spans[0].token_start == 0, spans
-    first, runner = spans[0].num_tokens, dp.SideStream()
+    runner = dp.SideStream()
 
     def engine(o):
-        def main():
+        def sparse_rest(first, cleared, out):
+            assert not cleared and out.data_ptr() == o[first:].data_ptr()
             index(first)
             sparse(o, first)
-            return o
-        _, dense = runner.run_beside(
-            dev, lambda: dp.dense_prefix_attention(bt.q, bt.kv, bt.block_table, spans,
-                                                   D ** -0.5), main)
-        for span, x in zip(spans, dense):
-            o[span.token_start : span.token_start + span.num_tokens] = x
+        dp.attend_with_dense_prefix(
+            runner, o, bt.T, 0, spans,
+            lambda: dp.dense_prefix_attention(bt.q, bt.kv, bt.block_table, spans, D ** -0.5),
+            sparse_rest)
 
     def variant(name):
         o = torch.empty_like(bt.q)

@@ -491,32 +491,26 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
                                              self.dense_prefix_min_tokens)
         scales = (mode, k_scale, v_scale, kv_scales)
         if not spans:
-            output[:T] = self._sparse(ops, md, 0, (), q, idx_q, idx_cache, idx_scales,
-                                      kv_cache, scales)
+            self._sparse(ops, md, 0, (), q, idx_q, idx_cache, idx_scales, kv_cache, scales,
+                         out=output[:T])
             return output
-        # A span that leads a prefill-only batch is cut off the sparse ops'
-        # tokens; the others keep their place there with no selected block.
-        first = spans[0].num_tokens if (spans[0].token_start == 0
-                                        and md.num_decode_tokens == 0) else 0
-        cleared = spans[1:] if first else spans
-        out, dense = self._side.run_beside(
-            q.device,
+        dense_prefix.attend_with_dense_prefix(
+            self._side, output, T, md.num_decode_tokens, spans,
             lambda: dense_prefix.dense_prefix_attention(
                 q, kv_cache, md.block_table, spans, self.scale, *scales),
-            lambda: self._sparse(ops, md, first, cleared, q, idx_q, idx_cache, idx_scales,
-                                 kv_cache, scales),
+            lambda first, cleared, out: self._sparse(
+                ops, md, first, cleared, q, idx_q, idx_cache, idx_scales, kv_cache, scales,
+                out=out),
         )
-        output[first:T] = out
-        for span, o in zip(spans, dense):
-            output[span.token_start : span.token_start + span.num_tokens] = o
         return output
 
     def _sparse(self, ops: SparseOps, md: MiniMaxM3SparseMetadata, first: int,
                 cleared: tuple, q, idx_q, idx_cache, idx_scales, kv_cache,
-                scales: tuple) -> torch.Tensor:
-        """Index + top-k, then block-sparse attention, for the batch's tokens
-        ``first ..``; the ``cleared`` spans' tokens get no selected block
-        (they are attended densely; their rows of the result are garbage)."""
+                scales: tuple, out: torch.Tensor) -> None:
+        """Index + top-k, then block-sparse attention, of the batch's tokens
+        ``first ..`` into ``out``; the ``cleared`` spans' tokens get no
+        selected block (they are attended densely; their rows of ``out`` are
+        garbage)."""
         T = md.num_actual_tokens
         mode, k_scale, v_scale, kv_scales = scales
         token_req, token_pos = md.token_req[first:], md.token_pos[first:]
@@ -536,7 +530,12 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         )
         for span in cleared:
             topk[span.token_start - first : span.token_start - first + span.num_tokens] = -1
-        return ops.block_sparse_attention(
+        if not ops.triton:  # the reference ops return a new tensor
+            out.copy_(ops.block_sparse_attention(
+                q[first:T], kv_cache, md.block_table, token_req, token_pos, topk,
+                self.sparse_block, self.scale, mode, k_scale, v_scale, kv_scales))
+            return
+        ops.block_sparse_attention(
             q[first:T],
             kv_cache,
             md.block_table,
@@ -549,11 +548,11 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             k_scale,
             v_scale,
             kv_scales,
-            **({"fold_scalar_scales": self.fold_scalar_scales,
-                "fused_merge": self.one_launch,
-                **self._prefill_layout(md, mode != 0, T - first - md.num_decode_tokens),
-                "tile_start": md.num_decode_tokens}
-               if ops.triton else {}),
+            fold_scalar_scales=self.fold_scalar_scales,
+            fused_merge=self.one_launch,
+            **self._prefill_layout(md, mode != 0, T - first - md.num_decode_tokens),
+            tile_start=md.num_decode_tokens,
+            out=out,
         )
 
     def _takes_score_attend(self, md: MiniMaxM3SparseMetadata, page_size: int,

@@ -25,9 +25,11 @@ from typing import Callable, NamedTuple
 
 import torch
 
-# Chunks longer than this many tokens qualify; below it a span's SDPA launches
-# cost more than the sparse kernels save (env VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS).
-DEFAULT_MIN_TOKENS = 1024
+# Spans of at least this many tokens are attended densely (env
+# VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS). H200, run 56, an 8192-token chunk
+# whose first P tokens go dense beside the index: P = 2048 -10%, 1024 +1%,
+# 512 -1% (the gain is the sparse work saved, which grows with P squared).
+DEFAULT_MIN_TOKENS = 2048
 
 
 class PrefillChunk(NamedTuple):
@@ -169,3 +171,36 @@ class SideStream:
         for t in side_out:
             t.record_stream(main)
         return main_out, side_out
+
+
+def attend_with_dense_prefix(
+    side: SideStream,
+    output: torch.Tensor,
+    num_tokens: int,
+    num_decode_tokens: int,
+    spans: tuple[DenseSpan, ...],
+    dense_fn: Callable[[], list[torch.Tensor]],
+    sparse_fn: Callable[[int, tuple[DenseSpan, ...], torch.Tensor], None],
+) -> None:
+    """Fills ``output[:num_tokens]``: the spans' rows from ``dense_fn()`` (one
+    [num_tokens, Hq, D] tensor per span, run on the side stream), the other
+    rows from ``sparse_fn(first, cleared, out)``, which must write the batch's
+    tokens ``first ..`` into ``out`` (= ``output[first:num_tokens]``) and give
+    the ``cleared`` spans' tokens no selected block (their rows are then
+    overwritten). A span that leads a prefill-only batch is cut off the
+    sparse tokens (``first``) and written on the side stream; the others are
+    copied in after the join."""
+    lead = spans[:1] if spans[0].token_start == 0 and num_decode_tokens == 0 else ()
+    first = lead[0].num_tokens if lead else 0
+    cleared = spans[len(lead):]
+
+    def on_side():
+        outs = dense_fn()
+        for span, o in zip(lead, outs):  # rows the sparse ops do not write
+            output[span.token_start : span.token_start + span.num_tokens].copy_(o)
+        return outs[len(lead):]
+
+    _, rest = side.run_beside(output.device, on_side,
+                              lambda: sparse_fn(first, cleared, output[first:num_tokens]))
+    for span, o in zip(cleared, rest):
+        output[span.token_start : span.token_start + span.num_tokens].copy_(o)
