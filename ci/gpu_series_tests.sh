@@ -18,6 +18,10 @@
 #            engine picks block-major by itself)
 #   parity_block_major  the bf16 teacher-forced parity with transformers, block-major forced
 #   fp8kv_block_major   the FP8 KV engines (fp8kv), block-major forced
+#   parity_dense_prefix, graphs_dense_prefix, fp8kv_dense_prefix  the parity (chunked
+#            prefill, preemption), graphs == eager (fp32) and FP8 KV suites with the dense
+#            prefix from 16 tokens (VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16): the test
+#            prompts' tokens below top-k x block attended by SDPA on the side stream
 #   fp8index tests/models/test_minimax_m3_fp8_index.py (optional FP8 index-key cache)
 #   production_heads  tests/models/test_minimax_m3_production_heads.py (one TP4 rank's head
 #            shapes: bf16 and fp8 KV engines through the sm_90 block-major kernel and
@@ -49,14 +53,20 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [parity_block_major]="tests/models/test_minimax_m3.py -k 'bf16_teacher or chunked_prefill'"
   [fp8kv_block_major]="tests/models/test_minimax_m3_fp8_kv.py"
   [production_heads]="tests/models/test_minimax_m3_production_heads.py"
-  [production_heads_bf16]="tests/models/test_minimax_m3_production_heads.py -k bf16_block_major")
+  [production_heads_bf16]="tests/models/test_minimax_m3_production_heads.py -k bf16_block_major"
+  [parity_dense_prefix]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption'"
+  [graphs_dense_prefix]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
+  [fp8kv_dense_prefix]="tests/models/test_minimax_m3_fp8_kv.py")
 declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
   [graphs_bf16_nopdl]="VLLM_MINIMAX_M3_PDL=0"
   [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1"
   [graphs_token_tile]="VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4"
   [graphs_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
   [parity_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
-  [fp8kv_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4")
+  [fp8kv_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
+  [parity_dense_prefix]="VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16"
+  [graphs_dense_prefix]="VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16"
+  [fp8kv_dense_prefix]="VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16")
 BUDGET=${SUITE_TIMEOUT:-400}
 # EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU
 # image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...).
