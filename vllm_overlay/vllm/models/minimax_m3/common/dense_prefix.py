@@ -25,6 +25,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from . import sparse_ops
+
 # Spans of at least this many tokens are attended densely (env
 # VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS). H200, run 56, an 8192-token chunk
 # whose first P tokens go dense beside the index: P = 2048 -10%, 1024 +1%,
@@ -95,12 +97,11 @@ def _span_kv(kv_cache, block_table, span, dtype, kv_scale_mode, k_scale, v_scale
     kv = kv.transpose(1, 2).reshape(n_pages * page_size, 2, *kv.shape[3:])[:n_keys]
     if kv_scale_mode == 0:
         return kv[:, 0].to(dtype), kv[:, 1].to(dtype)
-    if kv_scale_mode == 1:
-        return ((kv[:, 0].float() * k_scale.float()).to(dtype),
-                (kv[:, 1].float() * v_scale.float()).to(dtype))
-    s = kv_scales[pages].transpose(1, 2).reshape(n_pages * page_size, 2, -1)[:n_keys]
-    return ((kv[:, 0].float() * s[:, 0, :, None]).to(dtype),
-            (kv[:, 1].float() * s[:, 1, :, None]).to(dtype))
+    ks = None
+    if kv_scale_mode == 2:  # [n_pages, 2, page, Hkv] -> [n_keys, 2, Hkv]
+        ks = kv_scales[pages].transpose(1, 2).reshape(n_pages * page_size, 2, -1)[:n_keys]
+    return tuple(sparse_ops._dequant(kv[:, c], c, kv_scale_mode, scale, ks).to(dtype)
+                 for c, scale in ((0, k_scale), (1, v_scale)))
 
 
 def dense_prefix_attention(
