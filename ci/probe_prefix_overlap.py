@@ -86,7 +86,7 @@ def main():
     chunks = dp.long_prefill_chunks(qsl, torch.tensor([ctx]), dp.DEFAULT_MIN_TOKENS)
     spans = dp.dense_spans(chunks, TOPK * B, dp.DEFAULT_MIN_TOKENS)
     assert spans and spans[0].token_start == 0, spans
-    runner = dp.SideStream()
+    runner = dp.SIDE_STREAM
 
     def engine(o):
         def sparse_rest(first, cleared, out):

@@ -429,7 +429,6 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         self.prefill_token_tile = prefill_token_tile()
         self.prefill_block_major = prefill_block_major()
         self.dense_prefix_min_tokens = dense_prefix_min_tokens()
-        self._side = dense_prefix.SideStream()
         self._ops: SparseOps | None = None
 
     def forward(  # type: ignore[override]
@@ -495,7 +494,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
                          out=output[:T])
             return output
         dense_prefix.attend_with_dense_prefix(
-            self._side, output, T, md.num_decode_tokens, spans,
+            dense_prefix.SIDE_STREAM, output, T, md.num_decode_tokens, spans,
             lambda: dense_prefix.dense_prefix_attention(
                 q, kv_cache, md.block_table, spans, self.scale, *scales),
             lambda first, cleared, out: self._sparse(

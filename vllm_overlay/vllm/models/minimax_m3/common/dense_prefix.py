@@ -43,13 +43,8 @@ class PrefillChunk(NamedTuple):
     first_pos: int  # absolute position of token_start
 
 
-class DenseSpan(NamedTuple):
-    """The leading tokens of a chunk that are attended densely."""
-
-    token_start: int
-    num_tokens: int
-    request: int
-    first_pos: int
+class DenseSpan(PrefillChunk):
+    """The leading tokens of a chunk that are attended densely (same fields)."""
 
 
 def long_prefill_chunks(
@@ -205,3 +200,7 @@ def attend_with_dense_prefix(
                               lambda: sparse_fn(first, cleared, output[first:num_tokens]))
     for span, o in zip(cleared, rest):
         output[span.token_start : span.token_start + span.num_tokens].copy_(o)
+
+
+# One side stream per device for every sparse layer of the process.
+SIDE_STREAM = SideStream()
