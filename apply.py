@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """apply.py -- the MiniMax-M3 series tool (thin CLI over the m3series package).
 
+Every command takes --flavor NAME (make's BASE=): the folder of patches/ whose pin,
+order file and patches it works on (default: the one patches/default names).
+
   python apply.py apply   [--tree build/vllm] [--vllm-src DIR | --sdist FILE] [--force]
   python apply.py export  [--tree build/vllm]
   python apply.py build   [--tree build/vllm] [--target cuda|cpu] [--dist dist]
@@ -30,17 +33,37 @@ from m3series import applier, exporter, image, importer, rebaser, wheel  # noqa:
 from m3series.errors import SeriesError  # noqa: E402
 from m3series.fetch import fetch  # noqa: E402
 from m3series.pin import BasePin  # noqa: E402
-from m3series.series import Series  # noqa: E402
+from m3series.series import Series, default_flavor, resolve_flavor  # noqa: E402
 
 
 def _root(args) -> Path:
     return Path(args.root).resolve()
 
 
-def cmd_apply(args) -> int:
+def _flavor(args) -> str | None:
+    """The base flavor (--flavor, else patches/default); sets args.tree's default."""
     root = _root(args)
-    pin = BasePin.load(root / "patches" / "base.json")
-    series = Series.load(root)
+    name = args.flavor or (image.flavor_for_image(root, args.base) if args.cmd == "image" else None)
+    flavor = resolve_flavor(root, name)
+    if getattr(args, "tree", None) is None:
+        args.tree = str(default_tree(root, flavor))
+    return flavor
+
+
+def default_tree(root: Path, flavor: str | None) -> Path:
+    """build/vllm for the default flavor, build/vllm-<flavor> for the others."""
+    if flavor is None or flavor == default_flavor(root):
+        return root / "build" / "vllm"
+    return root / "build" / f"vllm-{flavor}"
+
+
+def _series_and_pin(args) -> tuple[Series, BasePin]:
+    series = Series.load(_root(args), _flavor(args))
+    return series, BasePin.load(series.pin_path)
+
+
+def cmd_apply(args) -> int:
+    series, pin = _series_and_pin(args)
     source = applier.resolve_base(pin, args.vllm_src or os.environ.get("VLLM_SRC"),
                                   args.sdist or os.environ.get("VLLM_SDIST"))
     print(applier.apply_series(series, pin, source, Path(args.tree).resolve(), force=args.force))
@@ -48,24 +71,23 @@ def cmd_apply(args) -> int:
 
 
 def cmd_export(args) -> int:
-    changed = exporter.export_series(_root(args), Path(args.tree).resolve())
+    flavor = _flavor(args)
+    changed = exporter.export_series(_root(args), Path(args.tree).resolve(), flavor)
     print("\n".join(f"  wrote {c}" for c in changed) if changed else "series unchanged")
     return 0
 
 
 def cmd_build(args) -> int:
-    root = _root(args)
-    pin = BasePin.load(root / "patches" / "base.json")
-    out = wheel.build_wheel(Series.load(root), pin, Path(args.tree).resolve(), args.target,
+    series, pin = _series_and_pin(args)
+    out = wheel.build_wheel(series, pin, Path(args.tree).resolve(), args.target,
                             Path(args.dist).resolve())
     print(out)
     return 0
 
 
 def cmd_status(args) -> int:
-    root = _root(args)
-    pin = BasePin.load(root / "patches" / "base.json")
-    series = Series.load(root)
+    series, pin = _series_and_pin(args)
+    print(f"flavor: {series.flavor or '(single series)'}; series folder {series.rel}/")
     print(f"base: vLLM v{pin.version} (commit {pin.commit}, sdist sha256 {pin.sdist.sha256[:12]}…)")
     for i, e in enumerate(series.entries, 1):
         f = e.fields
@@ -89,6 +111,7 @@ def cmd_status(args) -> int:
 
 def cmd_import(args) -> int:
     root = _root(args)
+    flavor = _flavor(args)
     tree = Path(args.tree).resolve()
     if sum(x is not None for x in (args.patch, args.commit, args.ref)) != 1:
         raise SeriesError("import takes exactly one of --patch FILE, --commit REV (a commit of the "
@@ -107,8 +130,9 @@ def cmd_import(args) -> int:
     name, written = importer.import_change(
         root, change, url=args.url, reason=args.reason, applied_upstream=args.applied_upstream,
         position=args.position, after=args.after, name=args.name, tree=tree,
-        sdist=args.sdist or os.environ.get("VLLM_SDIST"))
-    print(f"imported {change.source} as patches/{name}; the series applies on the base")
+        sdist=args.sdist or os.environ.get("VLLM_SDIST"), flavor=flavor)
+    rel = Series(root=root, flavor=flavor).rel
+    print(f"imported {change.source} as {rel}/{name}; the series applies on the base")
     print("\n".join(f"  wrote {w}" for w in written))
     print("next: `make apply` (add --force if build/vllm has commits of its own), then review "
           "`git diff patches/`")
@@ -116,19 +140,22 @@ def cmd_import(args) -> int:
 
 
 def cmd_rebase(args) -> int:
+    flavor = _flavor(args)
     report = rebaser.rebase(_root(args), args.onto, vllm_src=args.vllm_src,
                             tree=Path(args.tree).resolve(),
                             work=Path(args.work).resolve() if args.work else None,
-                            write=args.write)
+                            write=args.write, flavor=flavor)
     print(report.render())
     return 0
 
 
 def cmd_image(args) -> int:
-    root = _root(args)
-    pin = BasePin.load(root / "patches" / "base.json")
+    series, pin = _series_and_pin(args)
     out = Path(args.out).resolve()
-    manifest = image.write_image_context(Series.load(root), pin, Path(args.tree).resolve(),
+    # the applied tree of the flavor first (a no-op when it is current)
+    source = applier.resolve_base(pin, os.environ.get("VLLM_SRC"), os.environ.get("VLLM_SDIST"))
+    print(applier.apply_series(series, pin, source, Path(args.tree).resolve()), file=sys.stderr)
+    manifest = image.write_image_context(series, pin, Path(args.tree).resolve(),
                                          args.base, out,
                                          allow_version_mismatch=args.allow_version_mismatch)
     print(f"wrote {out}/Dockerfile and its build context: {len(manifest['files'])} files over "
@@ -138,7 +165,7 @@ def cmd_image(args) -> int:
 
 
 def cmd_fetch(args) -> int:
-    pin = BasePin.load(_root(args) / "patches" / "base.json")
+    _, pin = _series_and_pin(args)
     print(fetch(pin.sdist if args.what == "sdist" else pin.wheel(args.what)))
     return 0
 
@@ -188,7 +215,13 @@ def main(argv=None) -> int:
     i.add_argument("--allow-version-mismatch", action="store_true",
                    help="overlay onto a vLLM other than the pinned version")
     for q in (a, e, b, s, im, r, i):
-        q.add_argument("--tree", default=str(ROOT / "build" / "vllm"), help="applied tree")
+        q.add_argument("--tree", default=None, help="applied tree (default build/vllm for the "
+                       "default flavor, build/vllm-<flavor> for the others)")
+    for q in (a, e, b, s, f, im, r, i):
+        q.add_argument("--flavor", default=None,
+                       help="base flavor: a folder of patches/ (e.g. v0.26.0; default: the one "
+                            "patches/default names; for image: the flavor whose version the "
+                            "image tag names, else the default)")
     args = p.parse_args(argv)
     try:
         return {"apply": cmd_apply, "export": cmd_export, "build": cmd_build,

@@ -16,7 +16,7 @@ import git
 from . import gitutil
 from .applier import read_stamp, write_stamp
 from .errors import SeriesError
-from .series import OVERLAY_FIELD, ORDER_FILE, Entry, Series, parse_patch
+from .series import OVERLAY_FIELD, ORDER_FILE, Entry, Series, default_flavor, parse_patch
 
 
 def _commit_message(repo: git.Repo, sha: str) -> str:
@@ -86,37 +86,43 @@ def _write_if_changed(path: Path, data: bytes, changed: list[str], label: str) -
     changed.append(label)
 
 
-def export_series(root: Path, tree: Path) -> list[str]:
-    """Write the tree's entries back into root/patches and root/vllm_overlay; return what changed."""
+def export_series(root: Path, tree: Path, flavor: str | None = None) -> list[str]:
+    """Write the tree's entries back into the flavor's patches folder and root/vllm_overlay;
+    return what changed. Overlay files are shared between flavors: one that another
+    flavor's entries own is never removed."""
+    if flavor is None and not (root / "patches" / ORDER_FILE).is_file():
+        flavor = default_flavor(root)
     try:
-        old = Series.load(root)
+        old = Series.load(root, flavor)
     except SeriesError:
         old = None
     entries, overlay = entries_from_tree(tree, old)
-    patches, overlay_dir = root / "patches", root / "vllm_overlay"
+    series = old or Series(root=root, flavor=flavor)
+    patches, overlay_dir, rel_dir = series.patches_dir, root / "vllm_overlay", series.rel
+    other_owned = series.owned_by_other_flavors()
     changed: list[str] = []
     order = patches / ORDER_FILE
     header = [l for l in order.read_text().splitlines() if l.startswith("#")] if order.exists() else []
     order_text = "\n".join(header + [e.name for e in entries]) + "\n"
     for e in entries:
-        _write_if_changed(patches / e.name, e.render(), changed, f"patches/{e.name}")
+        _write_if_changed(patches / e.name, e.render(), changed, f"{rel_dir}/{e.name}")
     for rel, data in overlay.items():
         _write_if_changed(overlay_dir / rel, data, changed, f"vllm_overlay/{rel}")
-    _write_if_changed(order, order_text.encode(), changed, f"patches/{ORDER_FILE}")
+    _write_if_changed(order, order_text.encode(), changed, f"{rel_dir}/{ORDER_FILE}")
     if old:
         names = {e.name for e in entries}
         for e in old.entries:
             if e.name not in names:
                 (patches / e.name).unlink(missing_ok=True)
-                changed.append(f"patches/{e.name} (removed)")
+                changed.append(f"{rel_dir}/{e.name} (removed)")
             for rel in e.overlay_files:
-                if rel not in overlay:
+                if rel not in overlay and rel not in other_owned:
                     (overlay_dir / rel).unlink(missing_ok=True)
                     changed.append(f"vllm_overlay/{rel} (removed)")
     # The tree now is exactly base + the written series: record that, so `make apply`
     # sees it as current instead of refusing over "unexported commits".
     stamp = read_stamp(tree)
-    stamp["digest"] = Series.load(root).digest(stamp["base_ident"])
+    stamp["digest"] = Series.load(root, flavor).digest(stamp["base_ident"])
     stamp["head"] = gitutil.head(git.Repo(tree))
     write_stamp(tree, stamp)
     return changed

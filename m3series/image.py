@@ -143,6 +143,19 @@ RUN python3 {SERIES_DIR}/install_overlay.py check \\
 """
 
 
+def flavor_for_image(root: Path, image: str) -> str | None:
+    """The flavor whose base version the image tag names (v0.26.0 for
+    vllm/vllm-openai:v0.26.0), when the repository has one; None otherwise
+    (then the default flavor is used and the version check decides)."""
+    from .series import list_flavors
+    version = version_from_image(image) if image else None
+    flavors = list_flavors(root)
+    for name in flavors:
+        if version and name.lstrip("v") == version:
+            return name
+    return None
+
+
 def write_image_context(series: Series, pin: BasePin, tree: Path, image: str, out: Path, *,
                         allow_version_mismatch: bool = False) -> dict:
     """Write Dockerfile, install_overlay.py, manifest.json and overlay/ into `out`."""
@@ -151,13 +164,14 @@ def write_image_context(series: Series, pin: BasePin, tree: Path, image: str, ou
     if tag_version and tag_version != pin.version and not allow_version_mismatch:
         raise SeriesError(
             f"{image} is vLLM {tag_version}, but the series is pinned to vLLM {pin.version} "
-            f"(patches/base.json). Use a v{pin.version} image, rebase the series first "
+            f"({series.rel}/base.json). Use a v{pin.version} image, choose the flavor of "
+            f"that base (`make image BASE={image} FLAVOR=v<version>`), rebase the series first "
             f"(`make rebase ONTO={tag_version}`), or pass --allow-version-mismatch "
             f"(ALLOW_VERSION_MISMATCH=1) to overlay it anyway.")
     base, changes, digest = wheel.series_changes(tree)
     wheel.check_compiled(tree, base, changes)
     if series.digest(read_stamp(tree)["base_ident"]) != digest:
-        raise SeriesError(f"patches/ changed since {tree} was applied; run `make apply` first")
+        raise SeriesError(f"{series.rel}/ changed since {tree} was applied; run `make apply` first")
     repo = git.Repo(tree)
     pkg = wheel.PACKAGE
     files = {p[len(pkg):]: gitutil.show_file(repo, "HEAD", p) for st, p in changes

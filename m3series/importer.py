@@ -161,18 +161,19 @@ def _scratch_source(pin: BasePin, tree: Path | None, sdist: str | None) -> appli
 def import_change(root: Path, change: Change, *, url: str, reason: str,
                   applied_upstream: str | None = None, position: int | None = None,
                   after: str | None = None, name: str | None = None, tree: Path | None = None,
-                  sdist: str | None = None, today: str | None = None) -> tuple[str, list[str]]:
+                  sdist: str | None = None, today: str | None = None,
+                  flavor: str | None = None) -> tuple[str, list[str]]:
     """Verify and write the new entry; return (its patch file name, files written)."""
     if not url or not re.match(r"^[a-z][a-z0-9+.-]*://\S+$", url):
         raise SeriesError("--url must be the upstream PR or commit URL (the entry's Origin), "
                           f"got {url!r}")
     if not reason or not reason.strip():
         raise SeriesError("--reason is required: say why the series carries this fix")
-    series = Series.load(root)
-    pin = BasePin.load(root / "patches" / "base.json")
+    series = Series.load(root, flavor)
+    pin = BasePin.load(series.pin_path)
     for e in series.entries:
         if url in e.fields.get("Origin", "").split():
-            raise SeriesError(f"{url} is already in the series as patches/{e.name}; "
+            raise SeriesError(f"{url} is already in the series as {series.rel}/{e.name}; "
                               f"edit that entry instead")
     at = insert_index(series, position, after)
     message = build_message(change, url, reason, applied_upstream, today)
@@ -181,7 +182,7 @@ def import_change(root: Path, change: Change, *, url: str, reason: str,
                 body=body[1:], diff=change.diff)
     with tempfile.TemporaryDirectory(prefix="m3-import-") as tmp:
         scratch = Path(tmp) / "vllm"
-        head = Series(root=root, entries=series.entries[:at])
+        head = Series(root=root, entries=series.entries[:at], flavor=flavor)
         source = _scratch_source(pin, tree, sdist)
         print(applier.apply_series(head, pin, source, scratch, force=True), file=sys.stderr)
         repo = git.Repo(scratch)
@@ -211,7 +212,7 @@ def import_change(root: Path, change: Change, *, url: str, reason: str,
     entry.name = name or entry.name
     if not entry.name.endswith(".patch"):
         entry.name += ".patch"
-    taken = {e.name for e in series.entries} | {p.name for p in (root / "patches").glob("*.patch")}
+    taken = {e.name for e in series.entries} | {p.name for p in series.patches_dir.glob("*.patch")}
     stem, n = entry.name[:-len(".patch")], 2
     while entry.name in taken:
         entry.name, n = f"{stem}-{n}.patch", n + 1
@@ -219,15 +220,15 @@ def import_change(root: Path, change: Change, *, url: str, reason: str,
         if (root / "vllm_overlay" / rel).exists():
             raise SeriesError(f"the import adds {rel}, but vllm_overlay/{rel} already exists "
                               f"(owned by another entry or not yet owned); nothing was written")
-    writes = {f"patches/{entry.name}": entry.render()}
+    writes = {f"{series.rel}/{entry.name}": entry.render()}
     writes.update({f"vllm_overlay/{rel}": overlay[rel] for rel in entry.overlay_files})
-    writes[f"patches/{ORDER_FILE}"] = _order_with(root, series, at, entry.name)
+    writes[f"{series.rel}/{ORDER_FILE}"] = _order_with(series, at, entry.name)
     return entry.name, txn.write_together(root, writes)
 
 
-def _order_with(root: Path, series: Series, at: int, name: str) -> bytes:
+def _order_with(series: Series, at: int, name: str) -> bytes:
     """The order file with `name` inserted before entry `at` (comments kept in place)."""
-    lines = (root / "patches" / ORDER_FILE).read_text().splitlines()
+    lines = (series.patches_dir / ORDER_FILE).read_text().splitlines()
     entry_lines = [i for i, l in enumerate(lines) if l.split("#", 1)[0].strip()]
     if at < len(entry_lines):
         lines.insert(entry_lines[at], name)

@@ -556,9 +556,9 @@ class Report:
 
 
 def rebase(root: Path, onto: str, *, vllm_src: str | None = None, tree: Path | None = None,
-           work: Path | None = None, write: bool = False) -> Report:
-    series = Series.load(root)
-    pin = BasePin.load(root / "patches" / "base.json")
+           work: Path | None = None, write: bool = False, flavor: str | None = None) -> Report:
+    series = Series.load(root, flavor)
+    pin = BasePin.load(series.pin_path)
     work = (work or root / "build" / "rebase").resolve()
     nb = resolve_onto(onto, vllm_src)
     new_tree = work / "new"
@@ -631,15 +631,16 @@ def write_rebase(root: Path, series: Series, pin: BasePin, nb: NewBase, new_tree
     entries, overlay = exporter.entries_from_tree(new_tree, series)
     writes: dict[str, bytes] = {}
     for e in entries:
-        writes[f"patches/{e.name}"] = e.render()
+        writes[f"{series.rel}/{e.name}"] = e.render()
     for rel, data in overlay.items():
         writes[f"vllm_overlay/{rel}"] = data
-    order = root / "patches" / ORDER_FILE
+    order = series.patches_dir / ORDER_FILE
     header = [l for l in order.read_text().splitlines() if l.startswith("#")]
-    writes[f"patches/{ORDER_FILE}"] = ("\n".join(header + [e.name for e in entries]) + "\n").encode()
-    writes["patches/base.json"] = (json.dumps(pin_json, indent=2) + "\n").encode()
+    writes[f"{series.rel}/{ORDER_FILE}"] = ("\n".join(header + [e.name for e in entries]) + "\n").encode()
+    writes[f"{series.rel}/base.json"] = (json.dumps(pin_json, indent=2) + "\n").encode()
     kept = {e.name for e in entries}
-    deletes = [f"patches/{e.name}" for e in series.entries if e.name not in kept]
+    other_owned = series.owned_by_other_flavors()
+    deletes = [f"{series.rel}/{e.name}" for e in series.entries if e.name not in kept]
     deletes += [f"vllm_overlay/{rel}" for e in series.entries if e.name not in kept
-                for rel in e.overlay_files if rel not in overlay]
+                for rel in e.overlay_files if rel not in overlay and rel not in other_owned]
     return txn.write_together(root, writes, deletes)

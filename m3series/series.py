@@ -72,7 +72,7 @@ class Entry:
         return (head + self.body + "---\n").encode() + self.diff
 
 
-def parse_patch(name: str, data: bytes) -> Entry:
+def parse_patch(name: str, data: bytes, rel: str = "patches") -> Entry:
     """Parse a format-patch file; raise SeriesError naming the file on anything odd."""
     try:
         text_head, sep, diff = data.partition(b"\n---\n")
@@ -102,39 +102,92 @@ def parse_patch(name: str, data: bytes) -> Entry:
         entry = Entry(name=name, author=fields["From"], date=fields["Date"], subject=subject,
                       body=(body + "\n") if body else "", diff=diff)
     except (ValueError, UnicodeDecodeError) as e:
-        raise SeriesError(f"patches/{name}: corrupt patch file ({e}). Restore it from git "
+        raise SeriesError(f"{rel}/{name}: corrupt patch file ({e}). Restore it from git "
                           f"or regenerate it with `python apply.py export`.") from None
     missing = [f for f in REQUIRED_FIELDS if f not in entry.fields]
     if missing:
-        raise SeriesError(f"patches/{name}: provenance header lacks {', '.join(missing)} "
+        raise SeriesError(f"{rel}/{name}: provenance header lacks {', '.join(missing)} "
                           f"(DEP-3 trailers at the end of the message, e.g. "
                           f"'Origin: upstream, <PR url>'). Add them and re-run.")
     if entry.origin_kind not in ORIGIN_KINDS:
-        raise SeriesError(f"patches/{name}: Origin must start with one of "
+        raise SeriesError(f"{rel}/{name}: Origin must start with one of "
                           f"{', '.join(ORIGIN_KINDS)}; got {entry.fields['Origin']!r}")
     return entry
+
+
+DEFAULT_FILE = "default"          # patches/default names the default flavor
+
+
+def list_flavors(root: Path) -> list[str]:
+    """The flavors of a repository: folders of patches/ that hold an order file."""
+    d = root / "patches"
+    return sorted(p.name for p in d.iterdir() if (p / ORDER_FILE).is_file()) if d.is_dir() else []
+
+
+def default_flavor(root: Path) -> str | None:
+    """patches/default's flavor; None for a single-series repository (patches/series)."""
+    if (root / "patches" / ORDER_FILE).is_file():
+        return None
+    f = root / "patches" / DEFAULT_FILE
+    if not f.is_file():
+        raise SeriesError(f"{f} is missing: it names the default flavor (one of "
+                          f"{', '.join(list_flavors(root)) or 'none found'}); restore it from git")
+    return f.read_text().strip()
+
+
+def resolve_flavor(root: Path, name: str | None) -> str | None:
+    """The flavor a command works on: `name` (e.g. "v0.26.0", from BASE=/--base) or the default.
+
+    A repository whose patches/ holds the order file itself has a single series
+    (flavor None) and takes no name.
+    """
+    if (root / "patches" / ORDER_FILE).is_file():
+        if name:
+            raise SeriesError(f"{root}/patches holds a single series; --base {name} names a "
+                              f"flavor, which needs patches/{name}/series")
+        return None
+    name = name or default_flavor(root)
+    if name not in list_flavors(root):
+        raise SeriesError(f"unknown base flavor {name!r}: patches/{name}/series does not exist; "
+                          f"the flavors are {', '.join(list_flavors(root)) or 'none'} "
+                          f"(e.g. `make apply BASE={(list_flavors(root) or ['v0.23.0'])[-1]}`)")
+    return name
 
 
 @dataclass
 class Series:
     root: Path                      # the repository holding patches/ and vllm_overlay/
     entries: list[Entry] = field(default_factory=list)
+    flavor: str | None = None       # patches/<flavor>/; None: patches/ itself
+
+    @property
+    def rel(self) -> str:
+        """The series folder relative to root, as messages name it."""
+        return "patches" if self.flavor is None else f"patches/{self.flavor}"
 
     @property
     def patches_dir(self) -> Path:
-        return self.root / "patches"
+        return self.root / self.rel
+
+    @property
+    def pin_path(self) -> Path:
+        return self.patches_dir / "base.json"
 
     @property
     def overlay_dir(self) -> Path:
         return self.root / "vllm_overlay"
 
     @classmethod
-    def load(cls, root: Path) -> "Series":
-        order = root / "patches" / ORDER_FILE
+    def load(cls, root: Path, flavor: str | None = None) -> "Series":
+        """The series of `flavor` (None: the default flavor, or patches/ itself in a
+        single-series repository)."""
+        if flavor is None and not (root / "patches" / ORDER_FILE).is_file():
+            flavor = default_flavor(root)
+        series = cls(root=root, flavor=flavor)
+        order = series.patches_dir / ORDER_FILE
         if not order.exists():
             raise SeriesError(f"{order}: the order file is missing; it lists one patch file "
                               f"per line, in apply order")
-        series = cls(root=root)
         seen = set()
         for lineno, line in enumerate(order.read_text().splitlines(), 1):
             name = line.split("#", 1)[0].strip()
@@ -145,12 +198,12 @@ class Series:
             seen.add(name)
             path = series.patches_dir / name
             if not path.is_file():
-                raise SeriesError(f"{order}:{lineno}: patch file patches/{name} is missing; "
-                                  f"restore it or remove the line from patches/{ORDER_FILE}")
-            entry = parse_patch(name, path.read_bytes())
+                raise SeriesError(f"{order}:{lineno}: patch file {series.rel}/{name} is missing; "
+                                  f"restore it or remove the line from {series.rel}/{ORDER_FILE}")
+            entry = parse_patch(name, path.read_bytes(), series.rel)
             for rel in entry.overlay_files:
                 if not (series.overlay_dir / rel).is_file():
-                    raise SeriesError(f"patches/{name}: overlay file vllm_overlay/{rel} is "
+                    raise SeriesError(f"{series.rel}/{name}: overlay file vllm_overlay/{rel} is "
                                       f"missing; restore it or drop its Overlay-File line")
             series.entries.append(entry)
         owned = [rel for e in series.entries for rel in e.overlay_files]
@@ -162,8 +215,19 @@ class Series:
     def overlay_bytes(self, rel: str) -> bytes:
         return (self.overlay_dir / rel).read_bytes()
 
+    def owned_by_other_flavors(self) -> set[str]:
+        """Overlay files that entries of the repository's other flavors own."""
+        owned: set[str] = set()
+        for name in list_flavors(self.root) if self.flavor is not None else []:
+            if name != self.flavor:
+                owned |= {rel for e in Series.load(self.root, name).entries
+                          for rel in e.overlay_files}
+        return owned
+
     def unowned_overlay_files(self) -> list[str]:
+        """Overlay files no entry of any flavor owns."""
         owned = {rel for e in self.entries for rel in e.overlay_files}
+        owned |= self.owned_by_other_flavors()
         if not self.overlay_dir.exists():
             return []
         return sorted(str(p.relative_to(self.overlay_dir)) for p in self.overlay_dir.rglob("*")

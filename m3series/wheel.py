@@ -76,7 +76,8 @@ def build_wheel(series: Series, pin: BasePin, tree: Path, target: str, dist: Pat
     base, changes, digest = series_changes(tree)
     check_compiled(tree, base, changes)
     if series.digest(read_stamp(tree)["base_ident"]) != digest:
-        raise SeriesError(f"patches/ changed since {tree} was applied; run `make apply` first")
+        raise SeriesError(f"{series.rel}/ changed since {tree} was applied; run `make apply` first "
+                          f"(with the same BASE=)")
     version = series_version(pin, digest, target)
     src = fetch(art)
     repo = git.Repo(tree)

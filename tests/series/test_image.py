@@ -88,10 +88,17 @@ def test_stale_tree_and_bad_names_are_refused(applied):
     p = applied
     out = _image(p, "--base", "not an image", check=False)
     assert "is not an image reference" in out.stderr
+    first = _image(p, "--base", "vllm/vllm-openai:v0.23.0", check=True).stdout
     p.add_patch("engine-fix.patch", (p.root / "patches/engine-fix.patch").read_text()
                 .replace("Why this entry", "Why this fix"))
+    # a stale tree is re-applied first (as `make image` did through `make apply`)
+    out = _image(p, "--base", "vllm/vllm-openai:v0.23.0", check=True)
+    assert "applied 2 entries" in out.stderr
+    assert out.stdout.split("series ")[1][:10] != first.split("series ")[1][:10]
+    # unexported commits in the tree are never discarded: the image is refused
+    p.git("commit", "--allow-empty", "-q", "-m", "local experiment")
     out = _image(p, "--base", "vllm/vllm-openai:v0.23.0", check=False)
-    assert "run `make apply` first" in out.stderr
+    assert "export" in out.stderr and "local experiment" in p.git("log", "-1", "--format=%s")
 
 
 @pytest.mark.parametrize("image, version", [

@@ -12,10 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 from m3series.pin import BasePin
-from m3series.series import Series
+from m3series.series import Series, default_flavor, list_flavors
+
+FLAVORS = list_flavors(REPO)
+DEFAULT = default_flavor(REPO)
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -24,28 +28,32 @@ def _snapshot(root: Path) -> dict[str, bytes]:
             if p.is_file() and "__pycache__" not in p.parts}
 
 
-def test_series_applies_to_real_base_and_exports_byte_for_byte(tmp_path):
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_series_applies_to_real_base_and_exports_byte_for_byte(tmp_path, flavor):
     root = tmp_path / "series"
     for d in ("patches", "vllm_overlay"):
         shutil.copytree(REPO / d, root / d, ignore=shutil.ignore_patterns("__pycache__"))
     before = _snapshot(root)
     tree = tmp_path / "vllm"
     run = lambda *a: subprocess.run([sys.executable, str(REPO / "apply.py"), "--root", str(root),
-                                     *a, "--tree", str(tree)], capture_output=True, text=True)
+                                     *a, "--flavor", flavor, "--tree", str(tree)],
+                               capture_output=True, text=True)
     out = run("apply")
     assert out.returncode == 0, out.stderr
-    series = Series.load(root)
+    series = Series.load(root, flavor)
+    version = BasePin.load(series.pin_path).version
     log = subprocess.run(["git", "-C", str(tree), "log", "--reverse", "--format=%s"],
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    assert log[0].startswith("vLLM v0.23.0 (pristine base")
+    assert log[0].startswith(f"vLLM v{version} (pristine base")
     assert log[1:] == [e.subject for e in series.entries]
     out = run("export")
     assert out.returncode == 0 and "series unchanged" in out.stdout, out.stdout + out.stderr
     assert _snapshot(root) == before
 
 
-def test_fix_entries_carry_upstream_provenance():
-    entries = {e.subject: e for e in Series.load(REPO).entries}
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_fix_entries_carry_upstream_provenance(flavor):
+    entries = {e.subject: e for e in Series.load(REPO, flavor).entries}
     for pr in ("51585", "51632"):
         (entry,) = [e for e in entries.values() if f"/pull/{pr}" in e.fields.get("Origin", "")]
         assert entry.origin_kind == "upstream"
@@ -54,16 +62,17 @@ def test_fix_entries_carry_upstream_provenance():
 
 def test_every_overlay_file_is_owned_by_an_entry():
     """A file under vllm_overlay/ that no entry lists (Overlay-File) is not
-    applied, so it is in no build: the repository's own series has none."""
-    assert Series.load(REPO).unowned_overlay_files() == []
+    applied, so it is in no build: the repository's own flavors have none."""
+    assert Series.load(REPO, DEFAULT).unowned_overlay_files() == []
 
 
 def test_installed_cpu_build_is_this_series():
     import vllm
 
     stamp = json.loads((REPO / "build/vllm/.git/m3-series.json").read_text())
-    digest = Series.load(REPO).digest(stamp["base_ident"])
-    pin = BasePin.load(REPO / "patches/base.json")
+    series = Series.load(REPO, DEFAULT)
+    digest = series.digest(stamp["base_ident"])
+    pin = BasePin.load(series.pin_path)
     expected = f"{pin.version}+m3.g{digest[:10]}.cpu"
     assert vllm.__version__ == expected
     assert importlib.metadata.version("vllm") == expected
