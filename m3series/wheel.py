@@ -13,7 +13,9 @@ temporary file and renamed into place only when complete.
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import os
 import re
 import sys
@@ -126,7 +128,7 @@ def build_wheel(series: Series, pin: BasePin, tree: Path, target: str, dist: Pat
             wheel_meta = re.sub(r"^Tag: .*$", f"Tag: {tag}", zin.read(old_info + "WHEEL").decode(),
                                 flags=re.M)
             _write(zout, new_info + "WHEEL", wheel_meta.encode(), None, records)
-            records.append(f"{new_info}RECORD,,")
+            records.append(_record_line(f"{new_info}RECORD", "", ""))
             zout.writestr(new_info + "RECORD", "\n".join(records) + "\n")
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
@@ -148,7 +150,14 @@ def _write(zout: zipfile.ZipFile, name: str, data: bytes, info: zipfile.ZipInfo 
     zi.external_attr = info.external_attr if info else (0o644 << 16)
     zi.compress_type = zipfile.ZIP_DEFLATED
     zout.writestr(zi, data, compresslevel=1)
-    records.append(f"{name},{_record_hash(data)},{len(data)}")
+    records.append(_record_line(name, _record_hash(data), str(len(data))))
+
+
+def _record_line(*fields: str) -> str:
+    """One RECORD row, CSV-quoted as the wheel spec requires (some vLLM file names hold commas)."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(fields)
+    return buf.getvalue()
 
 
 def _version_file(data: bytes, version: str) -> bytes:

@@ -6,7 +6,7 @@ Layout mirrors ``vllm/models/deepseek_v4``: shared code in ``common/``. The
 sparse attention backend has one dispatch point between the PyTorch reference
 ops (``common/sparse_ops.py``, used on CPU) and the Triton kernels
 (``common/triton_ops``, used on CUDA/ROCm when present):
-``common.backend.select_sparse_ops``.
+``common.msa_ops.select_sparse_ops``.
 """
 
 from .common.model import (

@@ -1,0 +1,134 @@
+"""The v0.26.0 flavor: upstream's MiniMax-M3 with the series' MSA ops, through vLLM's
+engine on CPU, against transformers' MiniMax-M3 (the oracle)."""
+
+import contextlib
+import importlib.metadata
+import json
+
+import pytest
+import torch
+from conftest import REPO
+from minimax_m3_utils import hf_greedy, hf_token_logprobs, run_vllm
+from upstream_checkpoint import build_upstream_checkpoint
+
+from m3series.pin import BasePin
+from m3series.series import Series
+
+FLAVOR = "v0.26.0"
+PROBE = """
+def probe(model):
+    return sorted({type(m.impl).__name__ for m in model.modules()
+                   if type(m).__name__ in ("MiniMaxM3SparseAttention", "MiniMaxM3Indexer")})
+"""
+
+
+FP32_TOL = 1e-3   # fp32 engine against the fp32 oracle: measured ~1e-4 here
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_upstream_checkpoint(str(tmp_path_factory.mktemp("m3-upstream")))
+
+
+@contextlib.contextmanager
+def bf16_index_keys():
+    """transformers' MiniMax-M3 with its index queries and keys rounded to bf16
+    after RoPE, as upstream's model stores them (its index-key cache and the
+    index queries scored against it are bf16 whatever the model dtype). Without
+    this an fp32 oracle scores blocks in fp32, and a near-tie between two
+    blocks' scores (common with random weights) selects another block than the
+    engine: on this checkpoint 30 of 300 positions moved by up to 0.86."""
+    import transformers.models.minimax_m3_vl.modeling_minimax_m3_vl as hf_mod
+
+    rope, index_forward = hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward
+    inside = []
+
+    def rounded_rope(q, k, *args, **kwargs):
+        q, k = rope(q, k, *args, **kwargs)
+        if inside:
+            q, k = q.to(torch.bfloat16).to(q.dtype), k.to(torch.bfloat16).to(k.dtype)
+        return q, k
+
+    def marked_forward(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            return index_forward(self, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward = rounded_rope, marked_forward
+    try:
+        yield hf_mod.MiniMaxM3SparseForConditionalGeneration
+    finally:
+        hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward = rope, index_forward
+
+
+def _llm_kwargs(**over):
+    kw = dict(dtype="float32", block_size=128, max_model_len=1024, language_model_only=True,
+              enable_prefix_caching=False, max_num_seqs=4)
+    kw.update(over)
+    return kw
+
+
+def test_installed_cpu_build_is_this_flavor():
+    import vllm
+
+    tree = REPO / "build" / f"vllm-{FLAVOR}"
+    stamp = json.loads((tree / ".git/m3-series.json").read_text())
+    series = Series.load(REPO, FLAVOR)
+    expected = (f"{BasePin.load(series.pin_path).version}+m3.g"
+                f"{series.digest(stamp['base_ident'])[:10]}.cpu")
+    assert vllm.__version__ == expected == importlib.metadata.version("vllm")
+
+
+def test_engine_matches_transformers_with_sparse_selection_and_chunked_prefill(
+        checkpoint, tmp_path):
+    """Two prompts of 3 and 4 sparse blocks with top-2 selection (the selection is
+    active), prefilled in 128-token chunks beside the other request's decode steps:
+    every prompt position's logprob and the greedy continuation."""
+    hf_dir, released = checkpoint
+    prompts = [[3 + (7 * i) % 500 for i in range(300)], [5 + (11 * i) % 490 for i in range(430)]]
+    res = run_vllm(str(tmp_path / "engine"), released, prompts, max_tokens=6, probe=PROBE,
+                   prompt_logprobs=0,
+                   llm_kwargs=_llm_kwargs(max_num_batched_tokens=128,
+                                          enable_chunked_prefill=True))
+    assert "error" not in res, res.get("traceback", "") + res.get("log", "")[-4000:]
+    # both impls of every sparse layer are the series' (the knob's default)
+    assert res["probe"] == ["MiniMaxM3IndexerSeriesImpl", "MiniMaxM3SparseSeriesImpl"]
+    with bf16_index_keys() as hf_cls:
+        model = hf_cls.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        for prompt, got in zip(prompts, res["rounds"][0]):
+            ref = torch.tensor(hf_token_logprobs(model, prompt))
+            diff = (torch.tensor(got["prompt_logprobs"][1:]) - ref).abs()
+            assert diff.max().item() < FP32_TOL, (diff.max().item(), int(diff.argmax()))
+            want, want_lp = hf_greedy(model, prompt, 6)
+            assert got["tokens"] == want
+            assert max(abs(a - b) for a, b in zip(got["logprobs"], want_lp)) < FP32_TOL
+
+
+def test_upstream_kernels_are_refused_on_cpu_with_the_knob_named(checkpoint, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setenv("VLLM_MINIMAX_M3_MSA", "upstream")
+    res = run_vllm(str(tmp_path / "engine"), checkpoint[1], [[3, 4, 5]], max_tokens=1,
+                   llm_kwargs=_llm_kwargs())
+    text = res.get("error", "") + res.get("traceback", "") + res.get("log", "")
+    assert "VLLM_MINIMAX_M3_MSA=upstream selects vLLM's Triton MSA kernels" in text, text[-3000:]
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_series_kv_view_reads_upstreams_packed_cache(layout):
+    """Upstream's cache is logical [pages, Hkv, page, 2 D] (K then V per row) with
+    NHD or HND strides; the series' kernels read it as [pages, 2, page, Hkv, D]."""
+    from vllm.models.minimax_m3.common.series_msa import series_kv_view
+
+    pages, hkv, page, d = 3, 2, 8, 4
+    if layout == "NHD":
+        cache = torch.randn(pages, page, hkv, 2 * d).permute(0, 2, 1, 3)
+    else:
+        cache = torch.randn(pages, hkv, page, 2 * d)
+    view = series_kv_view(cache)
+    assert view.shape == (pages, 2, page, hkv, d)
+    assert torch.equal(view[:, 0], cache[..., :d].permute(0, 2, 1, 3))
+    assert torch.equal(view[:, 1], cache[..., d:].permute(0, 2, 1, 3))
+    view[1, 1, 5, 0, 2] = 42.0          # the same memory, not a copy
+    assert cache[1, 0, 5, d + 2] == 42.0
