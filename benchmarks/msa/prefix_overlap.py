@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Probe: can the 8k prefill step beat dense attention if the chunk's first
+"""Mode ``--prefix-overlap``: can the 8k prefill step beat dense attention if the chunk's first
 tokens are attended densely *while the index runs*?
 
 A token at position p sees ``p // 128 + 1`` blocks; while that is at most
@@ -31,24 +31,29 @@ CUDA graph, timed in ``ROUNDS`` paired rounds after an L2 flush:
 P = ``PREFIX`` (default 2048: every token that selects all its blocks). Also
 reports the dense baseline (``sdpa_dense_prefill``) and each variant's largest
 output difference from ``base``. If ``prefix_overlap`` does not beat dense,
-the route is closed even with the fastest dense kernel torch has; if it does,
-the engine needs a dense prefix kernel over the paged cache and the index and
-attention launched on two streams. Results: $OUT/probe_prefix_overlap.json.
+the route is closed even with the fastest dense kernel torch has. It answered
+that question (docs/decisions/0009-dense-prefix.md) and now checks that the engine's
+path stays within a few percent of dense. Results: $OUT/prefix_overlap.json.
 
-  PROBE=probe_prefix_overlap.py GIT_COMMIT=... bash ci/gpu_kernel_job.sh
+  BENCH_ARGS=--prefix-overlap GIT_COMMIT=... bash ci/gpu_kernel_job.sh
 """
 
 import json
 import os
 
-from bench_msa import (B, D, HIDX, HQ, TOPK, Batch, load_kernels, paired_rounds,
-                       probe_setup, sdpa_dense_prefill)
+import torch
+
+from .checks import Batch
+from .harness import (B, D, HIDX, HQ, TOPK, Timer, load_kernels, paired_rounds,
+                      sdpa_dense_prefill)
 
 
-def main():
-    import torch
+def run(out_dir, reps):
+    """Times the variants in paired rounds; writes ``out_dir/prefix_overlap.json``."""
     F = torch.nn.functional.scaled_dot_product_attention
-    out_dir, dev, timer = probe_setup()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    timer = Timer(dev, reps)
     rounds = int(os.environ.get("ROUNDS", "7"))
     ctx = int(os.environ.get("CONTEXT", "8192"))
     P = int(os.environ.get("PREFIX", str(TOPK * B)))
@@ -142,8 +147,5 @@ def main():
                rounds=rounds, max_diff_from_base=diffs,
                **paired_rounds(timer, graphs, rounds, base="base"))
     print(json.dumps({k: v for k, v in res.items() if k != "us"}, indent=1))
-    (out_dir / "probe_prefix_overlap.json").write_text(json.dumps(res, indent=1))
+    (out_dir / "prefix_overlap.json").write_text(json.dumps(res, indent=1))
 
-
-if __name__ == "__main__":
-    main()
