@@ -1,6 +1,7 @@
 # MiniMax-M3 series for vLLM v0.23.0 -- see README.md.
 #   make all      apply + build (CUDA wheel) + CPU wheel + demo    (the main job)
 #   make test     every test, on CPU                               (CI runs this)
+#   make gpu-validate PHASE=...  the GPU job (on the GPU machine; docs/gpu-validation.md)
 PY       ?= python3
 VENV     ?= .venv
 VPY      := $(VENV)/bin/python
@@ -14,7 +15,7 @@ APPLY    := $(VPY) apply.py
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
 
 .PHONY: all apply build build-cpu install-cpu demo test test-series status export fetch clean help \
-        import rebase image
+        import rebase image gpu-validate results-latest
 all: apply build demo
 
 help:
@@ -51,7 +52,7 @@ install-cpu: build-cpu $(VENV)/.test-ok
 	$(VPY) -m pip check
 
 demo: install-cpu
-	$(VPY) ci/demo.py
+	$(VPY) -m tiny_m3.demo
 
 test: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) tests vllm_overlay/tests
@@ -59,7 +60,17 @@ test: install-cpu
 test-series: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) tests/series
 
-# Maintainer workflows (README.md, "Maintainer workflows").
+# The one GPU entry point, run on the GPU machine with the patched CUDA wheel installed
+# (docs/gpu-validation.md): PHASE = tp | suites | e2e | ab | bench (ci/gpu_validate.sh).
+PHASE ?= suites
+gpu-validate:
+	bash ci/gpu_validate.sh $(PHASE)
+
+# benchmarks/results/<benchmark>/latest.md from the dated result files there.
+results-latest:
+	$(PY) benchmarks/results/make_latest.py
+
+# Maintainer workflows (docs/maintaining.md).
 #   make import PATCH=fix.patch | COMMIT=<rev of build/vllm> | REF=<rev> CLONE=<vllm clone>
 #               URL=<PR or commit URL> REASON="why" [APPLIED_UPSTREAM="v0.30.0, <url>"] [POSITION=n]
 #   make rebase ONTO=<version | sdist path | git ref with ONTO_SRC=<vllm clone>> [WRITE=1]

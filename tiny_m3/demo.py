@@ -5,8 +5,8 @@ MiniMax-M3 checkpoint, on CPU, with no network.
 
 The checkpoint is built here: random weights saved with transformers'
 MiniMax-M3 classes (dense + MSA sparse attention layers, dense MLP + MoE),
-and a small byte-level BPE tokenizer trained in-process with `tokenizers` on
-the text below. Weights are random, so the generated text is noise; what the
+and the small byte-level BPE tokenizer of ``tiny_m3.tokenizer``, trained
+in-process. Weights are random, so the generated text is noise; what the
 demo shows is the whole path working (config, weight loading, paged KV and
 index-key caches, chunked prefill, sparse block selection, sampling,
 detokenization) and that vLLM's greedy tokens equal transformers'.
@@ -19,35 +19,10 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-CORPUS = """\
-MiniMax-M3 is a mixture of experts language model with sparse attention.
-Each sparse layer scores blocks of earlier tokens with a small indexer and
-attends only to the best blocks, plus the block that holds the query itself.
-vLLM keeps the keys, the values and the index keys in paged caches, schedules
-requests in batches, splits long prompts into chunks, and samples tokens.
-The quick brown fox jumps over the lazy dog. Hello world, hello vLLM!
-"""
+from tiny_m3.tokenizer import build_tokenizer  # noqa: E402
 
 VOCAB = 320
 SPARSE_BLOCK = 16
-
-
-def build_tokenizer(path: str) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS.splitlines() * 4, trainer)
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    ).save_pretrained(path)
 
 
 def build_checkpoint(path: str) -> None:
@@ -76,7 +51,7 @@ def build_checkpoint(path: str) -> None:
                             projector_hidden_size=64)
     torch.manual_seed(0)
     MiniMaxM3SparseForConditionalGeneration(cfg).save_pretrained(path)
-    build_tokenizer(path)
+    build_tokenizer(path, VOCAB)
 
 
 def hf_greedy(path: str, prompt_ids: list[int], n: int) -> list[int]:
