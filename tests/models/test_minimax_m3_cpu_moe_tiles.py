@@ -43,7 +43,7 @@ def ckpt48(tmp_path_factory):
 
 def test_untileable_size_refused_at_construction(ckpt48, tmp_path):
     res = run_vllm(str(tmp_path / "run"), ckpt48, [[5, 6, 7]], 2, setup=AVX512_BUILD,
-                   llm_kwargs=dict(dtype="bfloat16", max_model_len=256))
+                   llm_kwargs=dict(dtype="bfloat16", max_model_len=256, block_size=32))
     assert "error" in res, res
     err = res["error"] + res.get("log", "")
     assert "MiniMax-M3 on CPU: the MoE intermediate size per rank is 48" in err, err[-3000:]
@@ -58,7 +58,7 @@ def test_size_runs_where_vllm_takes_the_torch_path(ckpt48, tmp_path):
     current_platform.import_kernels()
     grouped, amx = _cpu_moe_features()
     res = run_vllm(str(tmp_path / "run"), ckpt48, [[5, 6, 7]], 2,
-                   llm_kwargs=dict(dtype="bfloat16", max_model_len=256))
+                   llm_kwargs=dict(dtype="bfloat16", max_model_len=256, block_size=32))
     if cpu_moe_tile_problem(48, 64, torch.bfloat16, grouped_gemm=grouped, amx=amx):
         assert "intermediate size per rank is 48" in res.get("error", ""), res
     else:
