@@ -17,8 +17,8 @@ from .table import bench
 
 
 def main():
-    ap = argparse.ArgumentParser(description=PACKAGE_DOC.split("\n")[0],
-                                 epilog=PACKAGE_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=PACKAGE_DOC.split("\n")[0], epilog=PACKAGE_DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=100, help="timed replays per measurement")
     ap.add_argument("--quick", action="store_true", help="8k context, batch 1 only")
     ap.add_argument("--prefill-only", action="store_true",
@@ -42,7 +42,8 @@ def main():
     out = Path(os.environ.get("OUT", "./out"))
     out.mkdir(parents=True, exist_ok=True)
     if not torch.cuda.is_available():
-        print("python -m benchmarks.msa needs a GPU (CUDA or ROCm); nothing to do.", file=sys.stderr)
+        print("python -m benchmarks.msa needs a GPU (CUDA or ROCm); nothing to do.",
+              file=sys.stderr)
         return 2
     if args.prefix_overlap:
         from .prefix_overlap import run as prefix_overlap

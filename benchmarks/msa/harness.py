@@ -89,17 +89,6 @@ def score_attend_step(block_sparse_attention, bt, kv_mode, out, tune=None):
                       bt.kv_scales, out=out, _tune=tune)
 
 
-def probe_setup(default_reps=30):
-    """What a probe script's main starts with: (its output folder ``$OUT``
-    (default ./out, created), the CUDA device, a ``Timer`` of ``$REPS``
-    replays); the torch seed fixed at 0."""
-    out_dir = Path(os.environ.get("OUT", "out"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
-    return out_dir, dev, Timer(dev, int(os.environ.get("REPS", str(default_reps))))
-
-
 def paired_rounds(timer, graphs, rounds, base="bf16"):
     """Times the CUDA graphs ``graphs`` (name -> graph) in turns, ``rounds``
     rounds of one median each (``Timer.time_graph``), so that drift of the

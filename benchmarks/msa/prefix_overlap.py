@@ -1,16 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Mode ``--prefix-overlap``: can the 8k prefill step beat dense attention if the chunk's first
-tokens are attended densely *while the index runs*?
+"""Mode ``--prefix-overlap``: the 8k prefill step with the chunk's first tokens
+attended densely *while the index runs* (the engine's dense prefix).
 
 A token at position p sees ``p // 128 + 1`` blocks; while that is at most
 top-k (p < 2048 at the released sizes) its selection is every visible block,
 so its sparse attention *is* dense causal attention over its prefix, and it
-does not depend on the index at all.  Run 43 gave those tokens to a Triton
-kernel after the index (``probe_dense_prefix.py``): block-major lost 55 us and
-the merge 6, the prefix kernel cost 72, so it lost; at Triton's best dense
-rate it would gain 26 us, too little for the 8k target.  What no run measured:
-the prefix on a second stream, beside the index (45 us at 8k, a triangle of
-short programs that does not fill the H200) and the grouping.
+does not depend on the index at all. Giving those tokens to a Triton kernel
+after the index lost (docs/decisions/0006-8k-prefill-routes-closed.md); this mode
+times the prefix on a second stream, beside the index and the grouping.
 
 One bf16 batch (an 8192-token chunk at 8k context, the index's own
 selections). Every variant is the whole step (index + top-k + attention) in one
