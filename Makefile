@@ -1,6 +1,7 @@
 # MiniMax-M3 series for vLLM, one flavor per pinned base (patches/<flavor>/) -- see README.md.
 #   make all      apply + build (CUDA wheel) + CPU wheel + demo    (the main job)
 #   make test     every test of every flavor, on CPU               (CI runs this)
+#   make gpu-validate PHASE=...  the GPU job (on the GPU machine; docs/gpu-validation.md)
 #   BASE=v0.26.0  picks a flavor for any target (default: the one patches/default names);
 #                 for `make image`, BASE is the vLLM image and FLAVOR= the flavor
 #                 (default: the flavor whose version the image tag names, else the default).
@@ -29,7 +30,7 @@ APPLY    := $(VPY) apply.py
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
 
 .PHONY: all apply build build-cpu install-cpu demo test test-series status export fetch clean help \
-        import rebase image
+        import rebase image gpu-validate results-latest
 all: apply build demo
 
 help:
@@ -69,7 +70,7 @@ install-cpu: apply $(VENV)/.test-ok
 	$(VPY) -m pip check
 
 demo: install-cpu
-	$(VPY) ci/demo.py
+	$(VPY) -m tiny_m3.demo
 
 # Without BASE: every flavor in turn (what CI runs); with BASE=...: that flavor's tests.
 ifeq ($(BASE),)
@@ -83,7 +84,17 @@ endif
 test-series: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) tests/series
 
-# Maintainer workflows (README.md, "Maintainer workflows").
+# The one GPU entry point, run on the GPU machine with the patched CUDA wheel installed
+# (docs/gpu-validation.md): PHASE = tp | suites | e2e | ab | bench (ci/gpu_validate.sh).
+PHASE ?= suites
+gpu-validate:
+	bash ci/gpu_validate.sh $(PHASE)
+
+# benchmarks/results/<benchmark>/latest.md from the dated result files there.
+results-latest:
+	$(PY) benchmarks/results/make_latest.py
+
+# Maintainer workflows (docs/maintaining.md).
 #   make import PATCH=fix.patch | COMMIT=<rev of build/vllm> | REF=<rev> CLONE=<vllm clone>
 #               URL=<PR or commit URL> REASON="why" [APPLIED_UPSTREAM="v0.30.0, <url>"] [POSITION=n]
 #   make rebase ONTO=<version | sdist path | git ref with ONTO_SRC=<vllm clone>> [WRITE=1]

@@ -19,7 +19,7 @@
 # Environment knobs:
 #   PORT=8001            server port (bound to 127.0.0.1)
 #   TASK=gsm8k           an lm-eval task name, or a task directory (then passed as --include_path and
-#                        its tasks are the `task:` names of its yaml files), e.g. ci/accuracy/gsm8k_local
+#                        its tasks are the `task:` names of its yaml files), e.g. benchmarks/accuracy/gsm8k_local
 #   NUM_FEWSHOT=8        LIMIT= (examples per task; empty = the whole test split)
 #   OUT=out/accuracy     report directory
 #   TP=4                 --tensor-parallel-size in the default serve flags

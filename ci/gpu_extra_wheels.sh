@@ -16,7 +16,7 @@
 # humming on CUDA) -- found missing on the H200 on 2026-11-29. The ROOTS' transitive dependencies
 # come from a normal resolve, pinned to deps-py312.txt where it names them;
 # then only the wheels of projects the GPU machine lacks are kept.
-# ci/gpu_e2e.py --wheels OUTDIR installs them there (and skips any project that
+# python -m benchmarks.serving --wheels OUTDIR installs them there (and skips any project that
 # is already installed).
 set -euo pipefail
 [ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }

@@ -5,13 +5,13 @@
 # package, then, in one call,
 #   1. runs the kernel tests at real shapes (tests/kernels/test_minimax_m3_triton_msa.py
 #      and the FP8 scale-mode test), pytest's report in $OUT/kernel_tests.log;
-#   2. runs ci/bench_msa.py (BENCH_ARGS, default: the table) with the time left,
+#   2. runs the MSA benchmark, `python3 -m benchmarks.msa` (BENCH_ARGS, default: the
+#      table; e.g. --sweep-only --sweep-kinds pdl, --prefix-overlap) with the time left,
 #      results in $OUT/bench_msa.{json,md} and its log in $OUT/bench.log.
 # Env: BUDGET_S (default 570, the call's wall limit), TESTS_S (default 300, pytest's
 # share), TEST_SHARDS (default 1: pytest processes run in parallel), GIT_COMMIT
 # (recorded by the bench), BENCH_ARGS, BENCH=0 (tests only), PYTEST_K (a pytest -k
-# expression: only those tests), PROBE (a probe script under ci/, run instead of the
-# bench with the same stub, e.g. PROBE=probe_dense_prefix.py).
+# expression: only those tests).
 #   GIT_COMMIT=$(git rev-parse --short HEAD) bash ci/gpu_kernel_job.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,8 +52,8 @@ elif [ "${TESTS_S}" -gt 0 ]; then
   # Most of the tests' wall time is Triton compiling each test's kernel variants on
   # one CPU core; TEST_SHARDS pytest processes (round-robin over the collected test
   # ids) compile in parallel and share the GPU.  A shard that ignores the interrupt
-  # (blocked in a CUDA wait) is killed 15 s later, so the bench keeps its time (run
-  # 48: one did not stop and took the rest of the call).
+  # (blocked in a CUDA wait) is killed 15 s later, so the bench keeps its time (a
+  # shard that did not stop once took the rest of the call).
   python3 -m pytest -q --collect-only -p no:cacheprovider "${SELECT[@]}" $TEST_FILES 2>/dev/null \
     | grep '::' > "$OUT/test_ids.txt"
   pids=()
@@ -71,13 +71,10 @@ elif [ "${TESTS_S}" -gt 0 ]; then
 fi
 
 budget=$(( $(left) - 10 ))
-if [ -n "${PROBE:-}" ]; then
-  OUT="$OUT" timeout -s TERM -k 10 "$budget" python3 "ci/$PROBE" > "$OUT/probe.log" 2>&1
-  echo "probe $PROBE rc=$? ($(( $(date +%s) - T0 )) s)"; tail -40 "$OUT/probe.log"
-elif [ "${BENCH:-1}" = 0 ]; then
+if [ "${BENCH:-1}" = 0 ]; then
   echo "bench skipped (BENCH=0)"
 elif [ "$budget" -gt 30 ]; then
-  OUT="$OUT" timeout -s TERM -k 10 "$budget" python3 ci/bench_msa.py ${BENCH_ARGS:-} \
+  OUT="$OUT" timeout -s TERM -k 10 "$budget" python3 -m benchmarks.msa ${BENCH_ARGS:-} \
     > "$OUT/bench.log" 2>&1
   echo "bench rc=$? ($(( $(date +%s) - T0 )) s)"
 else

@@ -1,77 +1,58 @@
 #!/usr/bin/env bash
 # GPU job: the series' GPU-relevant test suites on the patched CUDA wheel, in one call.
-#   kernels  tests/kernels + vllm_overlay/tests (Triton MSA kernels, bf16/fp8, real shapes)
-#   fixes    tests/fixes (vllm#51632 fused shared expert; #51585 needs build/vllm and is CPU-only)
-#   models   tests/models (MiniMax-M3 vs transformers; on CUDA the sparse backend uses Triton)
-#   parity   tests/models/test_minimax_m3.py alone (the engine's parity tests, eager)
-#   graphs   tests/models/test_minimax_m3_gpu.py -k cudagraphs (CUDA graphs change no token)
-#   tp2      tests/models/test_minimax_m3_gpu.py -k tp2 (TP2 == TP1; needs two GPUs)
-#   fp8kv    tests/models/test_minimax_m3_fp8_kv.py (per-token-head / scalar FP8 KV engines)
-#   graphs_fp32  graphs == eager in fp32, the default paths (the graphs suite's bf16 case
-#            alone needs more than 260 s)
-#   graphs_bf16  bf16 FULL_AND_PIECEWISE == PIECEWISE on an all-sparse checkpoint;
-#   graphs_bf16_nopdl  the same with VLLM_MINIMAX_M3_PDL=0 (bisects a FULL-graph difference)
-#   graphs_one_launch  graphs == eager in fp32 with VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1
-#   graphs_token_tile  graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4
-#   graphs_block_major graphs == eager in fp32 with VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4
-#            (the test prompts are shorter than the 1024 prefill tokens from which the
-#            engine picks block-major by itself)
-#   parity_block_major  the bf16 teacher-forced parity with transformers, block-major forced
-#   fp8kv_block_major   the FP8 KV engines (fp8kv), block-major forced
-#   parity_dense_prefix, graphs_dense_prefix, fp8kv_dense_prefix  the parity (chunked
-#            prefill, preemption), graphs == eager (fp32) and FP8 KV suites with the dense
-#            prefix from 16 tokens (VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16): the test
-#            prompts' tokens below top-k x block attended by SDPA on the side stream
-#   fp8index tests/models/test_minimax_m3_fp8_index.py (optional FP8 index-key cache)
-#   production_heads  tests/models/test_minimax_m3_production_heads.py (one TP4 rank's head
-#            shapes: bf16 and fp8 KV engines through the sm_90 block-major kernel and
-#            the sm_90 prefill index); production_heads_bf16 its bf16 test only
+# The suites are the table SUITE_TABLE below.
 # DEADLINE_EPOCH (seconds since the epoch): suites are cut to end before it, or skipped.
-#   models_graphs  the parity tests of test_minimax_m3.py with M3_TEST_GRAPHS=1 (compiled,
-#            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
-#   fused_graphs   the same with graphs, only the fused shared expert and the bf16 parity
-#   fp8ckpt  tests/models/test_minimax_m3_fp8_dynamic.py (compressed-tensors FP8-dynamic)
-# Run on the GPU machine after `bash .gpu/recv.sh install && . /tmp/gpu-env.sh`.
+# Run on the GPU machine after `bash .gpu/recv.sh install && . /tmp/gpu-env.sh`
+# (docs/gpu-validation.md; `make gpu-validate` runs this through ci/gpu_validate.sh).
 # RUN_SUITES="models" runs a subset, one suite after another with every GPU visible; then
 # LANES="graphs models_graphs;fp8ckpt kernels" runs lane i on GPU i (CUDA_VISIBLE_DEVICES=i),
-# the lanes side by side, each lane's suites one after another. Writes $OUT/gpu_tests.md (dated table), junit XML and logs per suite.
+# the lanes side by side, each lane's suites one after another. Writes $OUT/gpu_tests.md
+# (dated table), junit XML and logs per suite.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
-declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/fixes/test_51632_fused_shared_expert.py" [models]="tests/models"
-  [parity]="tests/models/test_minimax_m3.py"
-  [graphs]="tests/models/test_minimax_m3_gpu.py -k cudagraphs" [tp2]="tests/models/test_minimax_m3_gpu.py -k tp2"
-  [graphs_bf16]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
-  [graphs_fp32]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
-  [graphs_bf16_nopdl]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and bfloat16'"
-  [graphs_one_launch]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
-  [graphs_token_tile]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
-  [graphs_block_major]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
-  [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8index]="tests/models/test_minimax_m3_fp8_index.py"
-  [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
-  [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused_shared or bf16_teacher'"
-  [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'"
-  [parity_block_major]="tests/models/test_minimax_m3.py -k 'bf16_teacher or chunked_prefill'"
-  [fp8kv_block_major]="tests/models/test_minimax_m3_fp8_kv.py"
-  [production_heads]="tests/models/test_minimax_m3_production_heads.py"
-  [production_heads_bf16]="tests/models/test_minimax_m3_production_heads.py -k bf16_block_major"
-  [parity_dense_prefix]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption'"
-  [graphs_dense_prefix]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
-  [fp8kv_dense_prefix]="tests/models/test_minimax_m3_fp8_kv.py")
-declare -A SUITE_ENV=([models_graphs]="M3_TEST_GRAPHS=1" [fused_graphs]="M3_TEST_GRAPHS=1"
-  [graphs_bf16_nopdl]="VLLM_MINIMAX_M3_PDL=0"
-  [graphs_one_launch]="VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1"
-  [graphs_token_tile]="VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4"
-  [graphs_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
-  [parity_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
-  [fp8kv_block_major]="VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4"
-  [parity_dense_prefix]="VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16"
-  [graphs_dense_prefix]="VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16"
-  [fp8kv_dense_prefix]="VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16")
+# The suites, one a line: name | environment | pytest arguments (a -k expression may be
+# quoted) | what it checks. "BM4" = VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4 (block-major
+# forced: the test prompts are shorter than the 1024 prefill tokens from which the
+# engine picks it), "DP16" = VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16 (the test prompts'
+# tokens below top-k x block attended by SDPA on the side stream).
+SUITE_TABLE='
+kernels               | -                                       | tests/kernels vllm_overlay/tests | Triton MSA kernels, bf16/fp8, real shapes
+fixes                 | -                                       | tests/fixes/test_51632_fused_shared_expert.py | vllm#51632 fused shared expert (#51585 is CPU-only)
+models                | -                                       | tests/models | MiniMax-M3 vs transformers (Triton sparse backend on CUDA)
+parity                | -                                       | tests/models/test_minimax_m3.py | the engine parity tests, eager
+graphs                | -                                       | tests/models/test_minimax_m3_gpu.py -k cudagraphs | CUDA graphs change no token
+tp2                   | -                                       | tests/models/test_minimax_m3_gpu.py -k tp2 | TP2 == TP1 (two GPUs)
+graphs_fp32           | -                                       | tests/models/test_minimax_m3_gpu.py -k "cudagraphs and float32" | graphs == eager in fp32, default paths
+graphs_bf16           | -                                       | tests/models/test_minimax_m3_gpu.py -k "cudagraphs and bfloat16" | bf16 FULL_AND_PIECEWISE == PIECEWISE, all-sparse checkpoint
+graphs_bf16_nopdl     | VLLM_MINIMAX_M3_PDL=0                   | tests/models/test_minimax_m3_gpu.py -k "cudagraphs and bfloat16" | the same without PDL (bisects a FULL-graph difference)
+graphs_one_launch     | VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1     | tests/models/test_minimax_m3_gpu.py -k "cudagraphs and float32" | graphs == eager, one-launch decode
+graphs_token_tile     | VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE=4    | tests/models/test_minimax_m3_gpu.py -k "cudagraphs and float32" | graphs == eager, token-tiled prefill
+graphs_block_major    | VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4   | tests/models/test_minimax_m3_gpu.py -k "cudagraphs and float32" | graphs == eager, BM4
+parity_block_major    | VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4   | tests/models/test_minimax_m3.py -k "bf16_teacher or chunked_prefill" | bf16 parity with transformers, BM4
+fp8kv_block_major     | VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR=4   | tests/models/test_minimax_m3_fp8_kv.py | FP8 KV engines, BM4
+parity_dense_prefix   | VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16 | tests/models/test_minimax_m3.py -k "chunked_prefill or preemption" | parity (chunked prefill, preemption), DP16
+graphs_dense_prefix   | VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16 | tests/models/test_minimax_m3_gpu.py -k "cudagraphs and float32" | graphs == eager (fp32), DP16
+fp8kv_dense_prefix    | VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16 | tests/models/test_minimax_m3_fp8_kv.py | FP8 KV engines, DP16
+fp8kv                 | -                                       | tests/models/test_minimax_m3_fp8_kv.py | per-token-head / scalar FP8 KV engines
+fp8index              | -                                       | tests/models/test_minimax_m3_fp8_index.py | optional FP8 index-key cache
+fp8ckpt               | -                                       | tests/models/test_minimax_m3_fp8_dynamic.py | compressed-tensors FP8-dynamic checkpoints
+production_heads      | -                                       | tests/models/test_minimax_m3_production_heads.py | one TP4 rank head shapes: bf16 and fp8 KV through the sm_90 kernels
+production_heads_bf16 | -                                       | tests/models/test_minimax_m3_production_heads.py -k bf16_block_major | its bf16 test only
+models_graphs         | M3_TEST_GRAPHS=1                        | tests/models/test_minimax_m3.py -k "chunked_prefill or preemption or fused_shared or bf16_teacher" | parity with graphs (FULL_AND_PIECEWISE)
+fused_graphs          | M3_TEST_GRAPHS=1                        | tests/models/test_minimax_m3.py -k "fused_shared or bf16_teacher" | fused shared expert and bf16 parity, graphs
+'
+declare -A SUITES=() SUITE_ENV=()
+while IFS='|' read -r name env args _what; do
+  name=$(echo $name)
+  [ -n "$name" ] || continue
+  env=$(echo $env); [ "$env" = - ] && env=""
+  SUITES[$name]=$(echo $args); SUITE_ENV[$name]=$env
+done <<< "$SUITE_TABLE"
 BUDGET=${SUITE_TIMEOUT:-400}
 # EXTRA_WHEELS=DIR (from ci/gpu_extra_wheels.sh, shipped with pack.sh): projects the GPU
 # image lacks (compressed-tensors' loguru, humming for vLLM's quantization registry, ...).
 # Default: the folder pack.sh delivers them to, when it is there (without them fp8ckpt
-# fails on "No module named 'loguru'": H200 run 52).
+# fails on "No module named 'loguru'").
 if [ -z "${EXTRA_WHEELS+set}" ] && ls /tmp/gpu-extra/e2e-wheels/*.whl > /dev/null 2>&1; then
   EXTRA_WHEELS=/tmp/gpu-extra/e2e-wheels
   echo "extra wheels: $EXTRA_WHEELS (EXTRA_WHEELS= turns this off)"

@@ -10,12 +10,13 @@
 #                                   # token-tile and kernel suites, then the kernel
 #                                   # benchmark (GPU 1); SUITES_GPU0/1 override, LANE0_SUITE_S
 #                                   # / LANE1_SUITE_S are seconds per suite, BENCH_ARGS
-#                                   # (default --sweep) are bench_msa.py's arguments
+#                                   # (default --sweep) are the
+#                                   # MSA benchmark's arguments (python -m benchmarks.msa)
 #   bash ci/gpu_validate.sh e2e     # seed 002's A/B (`--sections bench_ab`, GPU 0)
 #                                   # beside the throughput table without FP8 KV (GPU 1)
 #   bash ci/gpu_validate.sh ab      # seed 002's A/B, fold on GPU 0 beside fold off on
 #                                   # GPU 1, then bf16 graphs vs eager (GPU 0)
-#   bash ci/gpu_validate.sh bench   # ci/bench_msa.py (+ --sweep) on GPU 0
+#   bash ci/gpu_validate.sh bench   # python -m benchmarks.msa --sweep on GPU 0
 #
 # Env: GIT_COMMIT (recorded), EXTRA_WHEELS (default /tmp/gpu-extra/e2e-wheels, from
 # ci/gpu_extra_wheels.sh), BUDGET_S (default 560: wall limit of the phase).
@@ -56,17 +57,17 @@ case "$phase" in
         RUN_SUITES="${SUITES_GPU1:-graphs_token_tile kernels}" bash ci/gpu_series_tests.sh \
         > "$work/gpu1.out" 2>&1
       OUT="$work/gpu1" CUDA_VISIBLE_DEVICES=1 timeout -s TERM "$(( $(left) > 30 ? $(left) - 10 : 5 ))" \
-        python3 ci/bench_msa.py ${BENCH_ARGS---sweep} > "$work/gpu1/bench.out" 2>&1 ) &
+        python3 -m benchmarks.msa ${BENCH_ARGS---sweep} > "$work/gpu1/bench.out" 2>&1 ) &
     wait
     cat "$work/gpu0/gpu_tests.md" "$work/gpu1/gpu_tests.md" 2>/dev/null
     grep -c '^\[decode\]\|^\[prefill\]\|^\[sweep\]' "$work/gpu1/bench.out"
     ;;
   e2e)
     d=$(( $(left) > 70 ? $(left) - 40 : 30 ))
-    CUDA_VISIBLE_DEVICES=0 timeout -s TERM $(( d + 30 )) python3 ci/gpu_e2e.py \
+    CUDA_VISIBLE_DEVICES=0 timeout -s TERM $(( d + 30 )) python3 -m benchmarks.serving \
       --wheels "$EXTRA_WHEELS" --sections bench_ab --deadline "$d" --out "$work/ab" \
       > "$work/ab.out" 2>&1 &
-    CUDA_VISIBLE_DEVICES=1 timeout -s TERM $(( d + 30 )) python3 ci/gpu_e2e.py \
+    CUDA_VISIBLE_DEVICES=1 timeout -s TERM $(( d + 30 )) python3 -m benchmarks.serving \
       --wheels "$EXTRA_WHEELS" --sections throughput --tp-modes graphs:auto,eager:auto \
       --deadline "$d" --out "$work/tput" > "$work/tput.out" 2>&1 &
     wait
@@ -77,13 +78,13 @@ case "$phase" in
     d=${AB_S:-175}
     for g in 0 1; do
       fold=$(( 1 - g ))
-      CUDA_VISIBLE_DEVICES=$g timeout -s TERM $(( d + 30 )) python3 ci/gpu_e2e.py \
+      CUDA_VISIBLE_DEVICES=$g timeout -s TERM $(( d + 30 )) python3 -m benchmarks.serving \
         --wheels "$EXTRA_WHEELS" --sections bench_ab --ab-folds $fold \
         --ab-isl "${AB_ISL:-8192,131072}" --ab-concurrency "${AB_CONC:-4,8}" \
         --deadline "$d" --out "$work/fold$fold" > "$work/fold$fold.out" 2>&1 &
     done
     wait
-    python3 ci/gpu_e2e.py --merge-ab "$work"/fold1/e2e.json "$work"/fold0/e2e.json \
+    python3 -m benchmarks.serving --merge-ab "$work"/fold1/e2e.json "$work"/fold0/e2e.json \
       --out "$work/ab" > "$work/merge.out" 2>&1
     sed -n '/## bench_ab/,/example command/p' "$work/ab/e2e.md"
     if [ "${AB_THEN_BF16:-1}" = 1 ]; then
@@ -94,7 +95,7 @@ case "$phase" in
     ;;
   bench)
     OUT="$work" CUDA_VISIBLE_DEVICES=0 timeout -s TERM "$(left)" \
-      python3 ci/bench_msa.py --sweep > "$work/bench.out" 2>&1
+      python3 -m benchmarks.msa --sweep > "$work/bench.out" 2>&1
     tail -40 "$work/bench.out"
     ;;
 esac

@@ -31,7 +31,7 @@ import git
 from . import applier, exporter, gitutil, txn
 from .errors import SeriesError
 from .pin import BasePin
-from .series import ORDER_FILE, Entry, Series
+from .series import ORDER_FILE, Entry, Series, mail_header_fields
 
 DEP3_KEYS = ("Origin", "Forwarded", "Applied-Upstream", "Last-Update", "Overlay-File",
              "Bug", "Author", "Reviewed-by", "Description")
@@ -75,14 +75,7 @@ def change_from_patch_file(path: Path, subject: str | None = None) -> Change:
         return Change(DEFAULT_AUTHOR, formatdate(), subject, "", data[data.find(b"diff --git "):],
                       str(path))
     head, _, rest = text.partition("\n\n")
-    fields: dict[str, str] = {}
-    key = None
-    for line in head.splitlines()[1:]:
-        if line[:1] in (" ", "\t") and key:
-            fields[key] += " " + line.strip()
-            continue
-        key, _, value = line.partition(": ")
-        fields[key] = value
+    fields = mail_header_fields(head)
     if "Subject" not in fields or "From" not in fields:
         raise SeriesError(f"--patch {path}: mail header lacks From: or Subject:")
     msg_end = rest.find("\n---\n")

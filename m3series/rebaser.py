@@ -327,6 +327,14 @@ class EntryResult:
     collisions: list[tuple[str, bool]] = field(default_factory=list)   # (path, identical)
     note: str = ""
 
+    def upstream_reference(self) -> str:
+        """Which upstream change the entry names: its Origin and Applied-Upstream fields
+        (the latter, or a note that it has none)."""
+        f = self.entry.fields
+        applied = f.get("Applied-Upstream")
+        return (f"Origin: {f.get('Origin', '?')}; "
+                + (f"Applied-Upstream: {applied}" if applied else "no Applied-Upstream field"))
+
     def lines(self) -> list[str]:
         out = []
         if self.status == "clean":
@@ -336,7 +344,8 @@ class EntryResult:
         elif self.status == "merged":
             out.append("merged (3-way): " + ", ".join(self.merged_files))
         elif self.status == "upstream":
-            out.append(f"already contained upstream ({self.evidence}); proposed for dropping")
+            out.append(f"already contained upstream [{self.upstream_reference()}] "
+                       f"({self.evidence}); proposed for dropping")
         else:
             out.append("CONFLICT: " + (", ".join(self.conflict_files) or "overlay collision"))
             out += [f"  {h}" for h in self.hunks]

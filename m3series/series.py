@@ -72,6 +72,21 @@ class Entry:
         return (head + self.body + "---\n").encode() + self.diff
 
 
+def mail_header_fields(header: str) -> dict[str, str]:
+    """The fields of a format-patch mail header (the text before the first blank
+    line, its 'From <sha> <date>' line first): name -> value, folded continuation
+    lines joined with one space. The one mbox-header parser (patch files, imports)."""
+    fields: dict[str, str] = {}
+    key = None
+    for line in header.splitlines()[1:]:
+        if line[:1] in (" ", "\t") and key:
+            fields[key] += " " + line.strip()
+            continue
+        key, _, value = line.partition(": ")
+        fields[key] = value
+    return fields
+
+
 def parse_patch(name: str, data: bytes, rel: str = "patches") -> Entry:
     """Parse a format-patch file; raise SeriesError naming the file on anything odd."""
     try:
@@ -85,14 +100,7 @@ def parse_patch(name: str, data: bytes, rel: str = "patches") -> Entry:
         if not head.startswith("From "):
             raise ValueError("does not start with a 'From <sha> <date>' line")
         header, _, body = head.partition("\n\n")
-        fields: dict[str, str] = {}
-        key = None
-        for line in header.splitlines()[1:]:
-            if line[:1] in (" ", "\t") and key:
-                fields[key] += " " + line.strip()
-                continue
-            key, _, value = line.partition(": ")
-            fields[key] = value
+        fields = mail_header_fields(header)
         for needed in ("From", "Date", "Subject"):
             if needed not in fields:
                 raise ValueError(f"missing '{needed}:' header")

@@ -255,37 +255,10 @@ def hf_token_logprobs(model, seq):
     return [float(lp[i - 1, seq[i]]) for i in range(1, len(seq))]
 
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
-)
-
-
-def build_tokenizer(path: str, vocab_size: int = 320) -> None:
-    """Small byte-level BPE trained in-process (no download), with a chat
-    template, saved next to a checkpoint."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    corpus = [
-        "MiniMax-M3 is a mixture of experts model with sparse attention.",
-        "The quick brown fox jumps over the lazy dog. Hello world!",
-        "user: what is vLLM? assistant: a fast inference and serving engine.",
-    ]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(corpus * 4, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(path)
+# The tiny checkpoints' tokenizer: one builder, shared with the demo (tiny_m3/, at the
+# repository root).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tiny_m3.tokenizer import CHAT_TEMPLATE, build_tokenizer  # noqa: E402,F401
 
 
 # ------------------------------------------------------ checkpoint layouts

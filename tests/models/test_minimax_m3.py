@@ -54,7 +54,7 @@ PROMPT_LENS = [5, 32, 64, 150]  # < block, at 1 and 2 block boundaries, 5 blocks
 # fp32 logprob tolerance. On CPU everything is true fp32 (measured diffs ~1e-5). On a GPU
 # the Triton kernels (vLLM's fused MoE and our MSA kernels) run fp32 dots at tf32 precision
 # (Triton's default input precision on NVIDIA), which moved logprobs by up to 0.012 on the
-# H200 with identical greedy tokens (ci/results/2026-11-29-gpu-tests-h200-run2.md).
+# H200 with identical greedy tokens (the GPU suites' parity run).
 FP32_TOL = 3e-2 if torch.cuda.is_available() else 1e-3
 BF16_REL, BF16_ABS, BF16_MEDIAN = 1.5, 0.02, 0.15
 

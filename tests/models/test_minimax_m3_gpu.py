@@ -14,8 +14,8 @@
   FULL decode graphs (metadata in persistent buffers, fixed grids) against
   the same op run eagerly between graph pieces.  Tokens must be equal and
   chosen-token logprobs within the fp32 tolerance; no fork is allowed.
-  Why not the default checkpoint: H200 run 49 (2026-12-02,
-  ``ci/probe_graph_modes.py``) gave PIECEWISE == compiled without graphs
+  Why not the default checkpoint: on the H200 a probe of the graph modes
+  (docs/decisions/0011-bf16-cuda-graph-test-rule.md) gave PIECEWISE == compiled without graphs
   (five prompts equal to the last digit, the sixth within 0.035), but
   FULL_AND_PIECEWISE parted from both on the two longest prompts, one of
   them at a token outside the other run's top 5.  Besides the sparse layers,
@@ -23,8 +23,9 @@
   split count (``flash_attn_max_num_splits_for_cuda_graph``) instead of
   using its heuristics, and that changes rounding once the context spans
   more than one key tile; a top-k block selection can turn such noise into
-  a different block and a swing of nats.  Which of the two parted the runs
-  is what this test decides on the next GPU run.  (The reference used to
+  a different block and a swing of nats.  On the all-sparse checkpoint this
+  test passed with every logprob equal, so the dense layer parted the runs
+  and the sparse attention captures exactly.  (The reference used to
   be the compiled model without graphs, which also runs unpadded batches,
   with forks allowed within the top 5.  A rule that tolerates forks cannot
   tell them from a bug.)
@@ -32,7 +33,7 @@
   the index heads follow their KV head), also with expert parallelism.
 Tiny random checkpoints built with transformers' classes, engines in
 subprocesses (``minimax_m3_utils.run_vllm``). Skipped without CUDA (TP2:
-without two GPUs); run by ``ci/gpu_e2e.sh`` on the H200.
+without two GPUs); run by ``ci/gpu_series_tests.sh`` (suites graphs*, tp2) on the H200.
 """
 
 import pytest

@@ -162,6 +162,14 @@ def test_already_upstream_is_proposed_for_dropping(series3, tmp_path, engine, ev
     assert "ships every overlay file" in res["add-m3.patch"].evidence
     assert res["util-fix.patch"].status == "clean"
     assert "proposed for dropping: engine-fix.patch, add-m3.patch" in r.render()
+    # the upstream change each entry names is printed beside the verdict
+    text = r.render()
+    verdicts = [line for line in text.splitlines() if "already contained upstream" in line]
+    assert len(verdicts) == 2, text
+    assert ("already contained upstream [Origin: upstream, https://example.invalid/pull/1; "
+            "Applied-Upstream: v0.24.0, https://example.invalid/pull/1]") in verdicts[0], text
+    assert f"[Origin: {res['add-m3.patch'].entry.fields['Origin']}; no Applied-Upstream field]" \
+        in verdicts[1], text
 
 
 def test_removed_lines_gone_needs_applied_upstream_at_or_below_the_new_base(series3, tmp_path):

@@ -14,8 +14,8 @@ to ``dense_prefix_attention`` (torch SDPA over the K/V rows gathered from the
 paged cache) and the rest to the sparse kernels. On CUDA/ROCm the dense part
 runs on a second stream beside the index and the sparse attention
 (``run_beside``); it needs no selection, so it starts as soon as the cache is
-written. H200, an 8192-token first chunk: the step is 7% faster (run 56,
-``ci/probe_prefix_overlap.py``).
+written. H200, an 8192-token first chunk: the step is 7% faster
+(``docs/decisions/0009-dense-prefix.md``).
 
 Spans are host data (from the builder's CPU offsets): a chunk qualifies when
 at least ``min_tokens`` of its tokens lie below the dense limit.
@@ -28,7 +28,7 @@ import torch
 from . import sparse_ops
 
 # Spans of at least this many tokens are attended densely (env
-# VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS). H200, run 56, an 8192-token chunk
+# VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS). H200, an 8192-token chunk
 # whose first P tokens go dense beside the index: P = 2048 -10%, 1024 +1%,
 # 512 -1% (the gain is the sparse work saved, which grows with P squared).
 DEFAULT_MIN_TOKENS = 2048

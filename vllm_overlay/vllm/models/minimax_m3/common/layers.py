@@ -163,6 +163,7 @@ class MiniMaxM3MoE(nn.Module):
             prefix=f"{prefix}.experts",
         )
         _check_gate_up_layout(self.experts, config.intermediate_size)
+        _check_cpu_moe_tiles(self.experts)
         if self.fuse_shared_expert:
             # In FusedMoE as expert id n_exp; loaded there by model.py.
             self.shared_experts = None
@@ -295,6 +296,62 @@ def _check_gate_up_layout(experts, intermediate_size: int) -> None:
             "or a per-channel FP8 checkpoint instead."
         )
 
+
+# vLLM's CPU fused MoE (csrc/cpu/cpu_fused_moe.cpp) runs its grouped GEMM, where the
+# CPU build has one (torch.ops._C.prepack_moe_weight: the AVX-512 BF16 build), on
+# output tiles of 32 columns (the micro-GEMMs' NSize, VEC and AMX alike) and checks
+# that w13's rows (gate + up: 2 x the intermediate size per rank) are a whole number
+# of tile pairs. vLLM's Python dispatch (CPUFusedMOE.check_grouped_gemm) only asks for a
+# multiple of 32, so a size that is 16 mod 32 passes it and then aborts the process in
+# C++. The rule below mirrors both, so such a config is refused before any weight loads.
+CPU_MOE_N_TILE = 32
+
+
+def cpu_moe_tile_problem(intermediate_per_rank: int, hidden_size: int, dtype: torch.dtype,
+                         *, grouped_gemm: bool, amx: bool) -> str | None:
+    """Why vLLM's CPU grouped-GEMM MoE would abort on these sizes, else None.
+
+    ``grouped_gemm``: the CPU build has the grouped GEMM; ``amx``: the CPU has AMX
+    tiles (then the grouped GEMM needs bf16 and inputs in multiples of 32, else vLLM
+    falls back to its torch path, which takes any size)."""
+    w13_rows = 2 * intermediate_per_rank
+    if not grouped_gemm or w13_rows % 32 or hidden_size % 32:
+        return None  # vLLM's torch path: any size
+    if amx and not (dtype == torch.bfloat16 and intermediate_per_rank % 32 == 0):
+        return None  # AMX without its conditions: the torch path
+    need = 2 * CPU_MOE_N_TILE
+    if w13_rows % need:
+        return (f"the MoE intermediate size per rank is {intermediate_per_rank}, so the "
+                f"experts' gate/up projection has {w13_rows} rows; vLLM's CPU fused MoE "
+                f"({'AMX' if amx else 'AVX-512'} grouped GEMM) tiles it in pairs of "
+                f"{CPU_MOE_N_TILE}-row tiles and needs a multiple of {need} rows, i.e. an "
+                f"intermediate size per rank that is a multiple of {need // 2}")
+    return None
+
+
+def _cpu_moe_features() -> tuple[bool, bool]:
+    """(this CPU build has vLLM's grouped-GEMM MoE, this CPU has AMX tiles): what
+    CPUFusedMOE.check_grouped_gemm reads."""
+    return hasattr(torch.ops._C, "prepack_moe_weight"), torch.cpu._is_amx_tile_supported()
+
+
+def _check_cpu_moe_tiles(experts) -> None:
+    """Refuse, at construction, the MoE sizes vLLM's CPU fused MoE cannot tile."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    w13 = getattr(experts, "w13_weight", None)
+    if w13 is None or w13.dim() != 3:
+        return  # quantized layouts: vLLM's CPU build has no fused MoE for them anyway
+    grouped_gemm, amx = _cpu_moe_features()
+    why = cpu_moe_tile_problem(
+        experts.moe_config.intermediate_size_per_partition, w13.shape[2], w13.dtype,
+        grouped_gemm=grouped_gemm, amx=amx)
+    if why is not None:
+        raise ValueError(
+            f"MiniMax-M3 on CPU: {why}. Use such an intermediate_size (with tensor "
+            f"parallelism, per rank), or run on a GPU.")
 
 def _top_config():
     vc = get_current_vllm_config_or_none()

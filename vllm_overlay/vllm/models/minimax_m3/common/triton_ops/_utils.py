@@ -76,7 +76,7 @@ def num_sms(device: torch.device) -> int:
     return 4
 
 
-# H200 (ci/bench_msa.py --sweep-kinds pdl, run 8): the decode chain with PDL
+# H200 (docs/decisions/0003-decode-attention-launches.md): the decode chain with PDL
 # takes 16.4 vs 19.0 us at batch 1 x 8k, 20.6 vs 23.3 at 1 x 32k, 26.6 vs 27.7
 # at 8 x 8k; even at 16 and within +-2% at 32 (where the chain is bytes-bound)
 PDL_MAX_TOKENS = 8

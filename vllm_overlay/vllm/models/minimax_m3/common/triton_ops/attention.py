@@ -127,10 +127,10 @@ def validate_attention_inputs(q, kv_cache, block_table, token_req, token_pos, sp
 TOKEN_TILE_MAX_BLOCKS_PER_TOPK = 4
 # block-major prefill: (token, slot) pairs per program (one K/V load for all)
 BLOCK_MAJOR_PAIRS = 64
-# pairs per program of the grouping launches: H200 run 42, 8192-token chunk, the
+# pairs per program of the grouping launches: H200, 8192-token chunk, the
 # rank kernel 8.7 / 9.6 us at 8k / 32k context against 14.0 / 14.2 with 1024
 # (256: 7.7 / 10.4; 2048: 49.5 / 50.1), the attention 541.7 vs 547.7 us at 8k and
-# 621.4 vs 629.0 at 32k (ci/results/2026-12-01-merge-skip-group-block-profile-h200-run42.json)
+# 621.4 vs 629.0 at 32k (docs/decisions/0005-prefill-attention-layouts.md)
 GROUP_BLOCK = 512
 # partial outputs of one block-major launch, at most: an 8192-token chunk x 16
 # heads x top-16 x 128 in fp16; longer batches (or more heads) run in slices
@@ -142,7 +142,8 @@ def default_prefill_token_tile(max_context: int, sparse_block: int, topk: int,
     """Tokens per program for the prefill tokens of a batch whose longest
     request has ``max_context`` tokens: 8 (bf16) / 4 (fp8 KV) when the context
     has at most ``TOKEN_TILE_MAX_BLOCKS_PER_TOPK * topk`` sparse blocks, else 0
-    (one token per program).  H200, 8192-token chunk at 8k context (run 7):
+    (one token per program).  H200, 8192-token chunk at 8k context
+    (docs/decisions/0005-prefill-attention-layouts.md):
     bf16 TM 8 1.04 ms vs 1.08 untiled; fp8 TM 4 0.98 vs 1.33; at 32k and
     128k tiles lose (up to 3.7x) on the index's own selections."""
     if max_context <= 0 or sparse_block <= 0 or topk <= 0:
@@ -155,9 +156,9 @@ def default_prefill_token_tile(max_context: int, sparse_block: int, topk: int,
 
 # decode batches so small that every selected block split in this many key
 # ranges still fits the SMs (tokens x KV heads x top-k x this <= SMs: batch 1
-# and 2 at one KV head) split the blocks too (``key_split``).  H200 run 31,
-# whole decode step, paired rounds (ci/bench_msa.py --sweep-kinds
-# kv_dtype_parity), us against one program per block: batch 1 x 8k bf16 14.69
+# and 2 at one KV head) split the blocks too (``key_split``).  H200,
+# whole decode step, paired rounds (``python -m benchmarks.msa --sweep-kinds
+# kv_dtype_parity``), us against one program per block: batch 1 x 8k bf16 14.69
 # vs 14.82, fp8 15.04 vs 15.06, fp8 per-token-head 14.75 vs 15.42; 1 x 32k
 # 20.29 vs 20.42, 20.06 vs 20.58, 20.10 vs 21.17; 1 x 128k 29.62 vs 29.98, 29.57
 # vs 30.08, 29.82 vs 30.53; 2 x 8k 15.78 vs 16.18 (bf16); at 4 x 8k it loses
@@ -172,7 +173,7 @@ def default_key_split(programs: int, sparse_block: int, sms: int) -> int:
     fit the ``sms`` SMs, the largest power of two up to ``DECODE_KEY_SPLIT``
     that leaves ranges of a multiple of 16 keys (4 for 128-key blocks, 2 for
     the 32-key blocks of test configs), else 1.  (The fused merge keeps 1:
-    its last program would merge 4x the partials, H200 run 32: attention
+    its last program would merge 4x the partials, H200: attention
     38.7 vs 15.7 us at 1 x 8k.)"""
     if programs * DECODE_KEY_SPLIT > sms:
         return 1
@@ -187,24 +188,24 @@ def default_prefetch_rows(kernel_mode: int, key_split: int, select_topk: bool) -
     slot and pages one tile ahead (``PREFETCH_ROWS``) when not asked: with
     per-token-head scales (kernel SCALE_MODE 2, whose tiles also load their
     scale rows through the pages) where the blocks are not split in key
-    ranges (the two layouts exclude each other).  H200 run 38, whole decode
+    ranges (the two layouts exclude each other).  H200, whole decode
     step, paired rounds, us, per-token-head against without: 4 x 8k 19.17 vs
     19.55 (bf16 KV 19.14), 32 x 8k 47.52 vs 47.65, 32 x 32k 96.59 vs 96.77;
     bf16 and scalar fp8 KV lose at 4 x 8k (19.30 vs 19.14, 19.15 vs 18.83),
     and every KV dtype loses 3-4% at 1 x 32k, where it would replace
-    ``key_split`` (ci/results/2026-12-01-kv-dtype-parity-prefetch-rows-h200-run38h.json).
-    Run 39, the rule on: per-token-head / bf16 at 4 x 8k 1.002, and 0.997 with
+    ``key_split`` (docs/decisions/0003-decode-attention-launches.md).
+    With the rule on: per-token-head / bf16 at 4 x 8k 1.002, and 0.997 with
     both on one batch, against 1.015 without it
-    (ci/results/2026-12-01-kv-dtype-parity-*-h200-run39[ab].json)."""
+    (docs/decisions/0003-decode-attention-launches.md)."""
     return kernel_mode == 2 and key_split == 1 and not select_topk
 
 
 # block-major prefill attention pays from about this many prefill tokens in a
-# batch; H200 run 9, chunks at the end of a 32k context, bf16 / fp8 KV:
+# batch; H200, chunks at the end of a 32k context, bf16 / fp8 KV:
 # 256 tokens 91 vs 53 us per token, 1024 165 vs 166, 2048 244 vs 307,
 # 8192 807 vs 1106 (fp8 855 vs 1339)
 BLOCK_MAJOR_MIN_TOKENS = 1024
-# (token, slot) pairs per step of a block-major program: 64 rows (run 9: 4
+# (token, slot) pairs per step of a block-major program: 64 rows (4
 # beats 8 at every context, 0.70 vs 0.87 ms at 8k)
 BLOCK_MAJOR_STEP = 4
 
@@ -237,10 +238,10 @@ def block_major_tiles(token_req: torch.Tensor, topk_blocks: torch.Tensor, num_re
     prefix sum of ``cdiv(count, pairs_per_tile)``), and ``num_tiles``, a
     static upper bound of the programs needed.  ``aggregate``: each program of
     ``group_block`` pairs sorts them and adds once per group to the counters,
-    not once per pair (H200 run 23, an 8192-token chunk: the grouping's rank
+    not once per pair (H200, an 8192-token chunk: the grouping's rank
     kernel 14.3 vs 24.4 us at 8k context, 14.8 vs 36.7 at 32k; block-major
     attention 590 vs 604 us at 8k, 666 vs 690 at 32k, 694 vs 702 at 128k;
-    ci/results/2026-12-01-index-tiles-agg-ranks-sweep-h200-run23.json)."""
+    docs/decisions/0005-prefill-attention-layouts.md)."""
     T, HKV, TOPK = topk_blocks.shape
     dev = topk_blocks.device
     P = T * HKV * TOPK
@@ -487,11 +488,11 @@ def block_sparse_attention(
     fused = fused_merge and splits > 1
     # an fp8 cache with programs on at most half the SMs (decode batches up to 4
     # tokens at 16 splits): 8 warps split each program's fp8 -> fp16 conversion of
-    # its keys and values (H200, the chain with scalar scales: run 13, 15.1 vs 15.4 us
-    # at 1 x 8k, 20.6 vs 21.3 at 1 x 32k; run 15, attention 10.5 vs 10.9 at 2 x 8k,
+    # its keys and values (H200, the chain with scalar scales: 15.1 vs 15.4 us
+    # at 1 x 8k, 20.6 vs 21.3 at 1 x 32k; attention 10.5 vs 10.9 at 2 x 8k,
     # 11.2 vs 11.8 at 4 x 8k).  At 8 x 8k (128 programs) 8 warps lose already (13.9
     # vs 13.5, per-token-head scales 15.6 vs 14.1), at 32 x 8k more (53.0 vs 47.9);
-    # ci/results/2026-11-30-decode-attn-warps-h200-run{13,15}.json
+    # docs/decisions/0003-decode-attention-launches.md
     warps = 8 if kv_scale_mode != 0 and 2 * T * HKV * splits <= num_sms(device) else 4
     pdl = use_pdl(device, tune, T)
     pdl_kw = {"launch_pdl": True} if pdl else {}
@@ -556,11 +557,11 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # program's steps, converted once to the queries' dtype, so the MMA runs in
     # bf16 as for a bf16 cache (no per-step fp16 query, whose register operand
     # makes the prefetch spill); with it each step's pair rows are prefetched
-    # but not its query rows (those spill too).  H200 run 11, 8192-token chunk,
+    # but not its query rows (those spill too).  H200, 8192-token chunk,
     # scalar scales: 651 / 745 / 745 us at 8k / 32k / 128k context against 680 /
     # 782 / 778 for the fp16 MMA without prefetch; with per-token-head scales
     # it spills (766 / 875 / 866 against 690 / 783 / 776), so not there
-    # (ci/results/2026-11-30-block-major-sweep*-h200-run11.json)
+    # (docs/decisions/0008-fp8-kv-against-bf16.md)
     query_mma = fp16_mma and hold_kv and bool(tune.get("query_mma", kernel_mode == 1))
     # scalar scales: the merge applies v_scale to each output row, not the kernel
     # to every pair's partial; the step loop then fits the prefetched query rows
@@ -569,10 +570,10 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
     # per-token-head scales multiplied into the held block once (rounded to the
     # queries' dtype), the MMA then in that dtype with both prefetches; sm_90 ptxas:
     # no spills (the fp16 MMA scaling every step's score and probability columns
-    # spills with prefetch, so runs without).  H200 run 19, 8192-token chunk:
+    # spills with prefetch, so runs without).  H200, 8192-token chunk:
     # 614 / 686 / 687 us at 8k / 32k / 128k context against 692 / 782 / 781 for
     # the fp16 MMA, and bf16 KV 603 / 685 / 696
-    # (ci/results/2026-11-30-block-major-m2held-sweep-h200-run19.json)
+    # (docs/decisions/0008-fp8-kv-against-bf16.md)
     scale_held = (kernel_mode == 2 and hold_kv and sparse_block == BLOCK_N
                   and bool(tune.get("scale_held_kv", True)))
     # either way the held block is in the queries' dtype and so is the MMA
@@ -587,10 +588,10 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
             and (kernel_mode != 2 or scale_held) and D == D_PAD
             and sm90_block_major_supported(q, kernel_mode, D, sparse_block, G, G_PAD,
                                            pairs))
-    # query tiles in the ring: H200 run 44, 8192-token chunk, attention at 8k / 128k
+    # query tiles in the ring: H200, 8192-token chunk, attention at 8k / 128k
     # context: bf16 478.7 / 572.2 us with 2 against 485.6 / 574.5 with 3; fp8 scalar
     # scales 494.5 / 592.0 against 495.0 / 588.1, per-token-head 507.7 / 612.7
-    # against 507.8 / 614.1 (ci/results/2026-12-01-block-major-sm90-profile-h200-run44.json)
+    # against 507.8 / 614.1 (docs/decisions/0005-prefill-attention-layouts.md)
     sm90_buffers = int(tune.get("sm90_buffers", 2 if kernel_mode == 0 else 3))
     for s in range(0, T, step):
         q_s, out_s = q[s:s + step], out[s:s + step]
@@ -631,10 +632,10 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 TOPK=topk, SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
                 SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma and not mma_in_q_dtype,
                 HOLD_KV=hold_kv,
-                # each step's rows loaded during the step before: H200 run 10, 8192-token
+                # each step's rows loaded during the step before: H200, 8192-token
                 # chunk, bf16 KV: 607 vs 687 us at 8k, 690 vs 782 at 32k, 692 vs 793 at
                 # 128k; with an fp8 cache (fp16 MMA, ptxas spills) 1-2% slower, so off
-                # (ci/results/2026-11-30-block-major-sweep7-h200-run10.json)
+                # (docs/decisions/0005-prefill-attention-layouts.md)
                 PREFETCH_PAIRS=bool(tune.get("prefetch_pairs", not fp16_mma or mma_in_q_dtype)),
                 PREFETCH_QUERY=bool(tune.get("prefetch_query",
                                              not mma_in_q_dtype or v_in_merge or scale_held)),
@@ -643,21 +644,22 @@ def _block_major_attention(q, kv_cache, block_table, token_req, token_pos, topk_
                 MASK_PARTIAL_ONLY=bool(tune.get("mask_partial_only", True)),
                 SPLIT_MASKED=split_masked,
                 num_warps=tune.get("num_warps", 4 if rows <= 64 else 8),
-                # one stage: H200 run 10, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
+                # one stage: H200, 8192-token chunk, bf16 / fp8 KV: 665 vs 695 us
                 # at 8k, 758 vs 802 at 32k, 760 vs 809 at 128k (fp8 777 vs 843);
-                # ci/results/2026-11-30-block-major-sweep5-h200-run10.json
+                # docs/decisions/0005-prefill-attention-layouts.md
                 num_stages=tune.get("num_stages", 1),
             )
-        # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials (ci/probe_merge.py,
-        # run 9): 142 us (3.8 TB/s) with 1 warp, 223 with 2, 681 with 4.  Empty slots'
-        # partials not read (``merge_skip_empty``): run 42, 8192-token chunk at 8k (its
+        # one warp: H200, 8192 tokens x 16 heads x 16 fp16 partials
+        # (docs/decisions/0005-prefill-attention-layouts.md): 142 us (3.8 TB/s) with 1
+        # warp, 223 with 2, 681 with 4.  Empty slots'
+        # partials not read (``merge_skip_empty``): 8192-token chunk at 8k (its
         # first 2048 tokens see fewer than 16 blocks), merge 129.1 vs 141.8 us, the
         # attention 0.978x in 7 of 7 paired rounds
-        # (ci/results/2026-12-01-probe-prefix-kernel-h200-run42.json)
+        # (docs/decisions/0005-prefill-attention-layouts.md)
         # programs in row order (consecutive ones read consecutive partials): H200
-        # run 53, 8192-token chunk, merge 128.4 / 139.3 / 138.9 us at 8k / 32k / 128k
+        # 8192-token chunk, merge 128.4 / 139.3 / 138.9 us at 8k / 32k / 128k
         # context against 129.2 / 142.1 / 142.8 for a (token, head) grid
-        # (ci/results/2026-12-03-merge-row-order-profile-h200-run53.json)
+        # (docs/decisions/0005-prefill-attention-layouts.md)
         row_order = bool(tune.get("merge_row_order", True))
         sparse_attn_merge_kernel[(n * HQ,) if row_order else (n, HQ)](
             part_o, part_lse, out_s, vs if v_in_merge else part_lse, out.stride(0),

@@ -67,15 +67,15 @@ def decode_select(chunk: int, max_blocks: int, fused: bool,
     False: arg-max rounds.  ``tune`` may force rank_select / radix_select /
     select_warps."""
     # by rank in one pass for rows of at most 64 entries (8k context at 128-token
-    # blocks): H200 run 11, the decode chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1
+    # blocks): H200, the decode chain at 1 x 8k 13.8 vs 15.4 us, 32 x 8k 44.1
     # vs 44.8; at 256 blocks (32k) it is 4x slower (86 vs 20 us at 1 x 32k)
-    # (ci/results/2026-11-30-decode-variants-h200-run11.json); the same rule for the
+    # (docs/decisions/0002-decode-index-and-top-k.md); the same rule for the
     # fused select (its last scoring program ranks the row)
     rank = bool(tune.get("rank_select", chunk <= 64)) and max_blocks <= chunk <= 256
     # by threshold search, one warp, for rows of 65-256 entries (up to 32k context)
-    # in the select launch: H200 run 51, its device time 4.2-4.3 vs 5.2 us at 256
+    # in the select launch: H200, its device time 4.2-4.3 vs 5.2 us at 256
     # blocks; at 1024 blocks (128k) arg-max rounds win, 6.3 vs 7.0-9.6 us at 1-8
-    # warps (ci/results/2026-12-03-probe-decode-select-h200-run51.json)
+    # warps (docs/decisions/0002-decode-index-and-top-k.md)
     radix = (bool(tune.get("radix_select", 64 < chunk <= 256 and not fused))
              and max_blocks <= chunk and not rank)
     warps = int(tune.get("select_warps", 1 if radix else _select_warps(chunk)))
@@ -231,21 +231,22 @@ def index_block_topk(
         tile_blocks = 1  # sparse blocks per key load
         if blocks_per_prog is None:
             # enough programs to fill the GPU at batch 1, few at large batch
-            # measured on H200 (ci/bench_msa.py --sweep): 1 block per program
+            # measured on H200 (docs/decisions/0002-decode-index-and-top-k.md): 1 block
+            # per program
             # up to ~8k blocks in flight, 2 beyond (b32 x 128k: 255 vs 275 us
             # with 16); more blocks per program only lengthens the tail
             bpp = 2 if nd * max_blocks >= 16384 else 1
             if k_scaled and not ieee and nd * max_blocks >= 8192 and BLOCK_N == sparse_block:
                 # fp8 index keys, 16 KiB per 128-token block: 8 blocks per
                 # program, two per key load (32 KiB, as one bf16 block), a
-                # 2-stage pipelined walk (H200 run 23, index + top-k: b32 128k
+                # 2-stage pipelined walk (H200, index + top-k: b32 128k
                 # 151.5 vs 161.4 us, 32k 54.0 vs 56.6; at 8k it loses, 22.9 vs
-                # 21.5; ci/results/2026-12-01-index-tiles-agg-ranks-sweep-h200-run23.json)
+                # 21.5; docs/decisions/0002-decode-index-and-top-k.md)
                 bpp, dec_stages, tile_blocks = 8, 2, 2
             elif k_scaled and not ieee and nd * max_blocks >= 2048:
                 # 4 blocks per program with a 3-stage pipelined walk (H200, b32:
                 # 162 vs 196 us at 128k, 57 vs 62 at 32k, 23 vs 26 at 8k;
-                # ci/results/*-fp8-index-sweep-*)
+                # docs/decisions/0002-decode-index-and-top-k.md)
                 bpp, dec_stages = 4, 3
         else:
             bpp = int(blocks_per_prog)
@@ -312,14 +313,14 @@ def index_block_topk(
                                 nd, T, sparse_block, topk, local_blocks, init_blocks,
                                 max_blocks, sms, tune)
             return out
-        # 128 query rows per tile: on the H200 (ci/bench_msa.py --sweep, runs of
+        # 128 query rows per tile: on the H200 (the benchmark's sweep,
         # 2026-11-30) 14-17% faster than 64 for an 8192-token chunk at 32k and
         # 128k context (255 vs 298 us, 937 vs 1126 us); 8 warps are slower
         BLOCK_M = tune.get("BLOCK_M", 128 if D_PAD <= 128 else 32)
         tiles = cdiv(npf, BLOCK_M)
         # the next block's pages resolved one block ahead: 10-11% faster on the
         # H200 for an 8192-token chunk at 32k and 128k context (228 vs 255 us,
-        # 835 vs 936 us; ci/bench_msa.py sweep of 2026-11-30, run 7); it needs
+        # 835 vs 936 us; docs/decisions/0004-prefill-index.md); it needs
         # one key tile per sparse block (sparse blocks up to 128 tokens)
         prefetch_rows = bool(tune.get("prefetch_rows", BLOCK_N == sparse_block))
         if prefetch_rows and BLOCK_N != sparse_block:
@@ -329,7 +330,7 @@ def index_block_topk(
         # blocks its rows see (SPLIT_VISIBLE); else (``split_visible=False``, or
         # ``context_splits`` alone) fixed ranges of ``max_blocks / splits``, sized
         # by the block table: as wide as the engine's longest context, they leave
-        # a shorter context's blocks to the first splits (H200 run 41, 8192-token
+        # a shorter context's blocks to the first splits (H200, 8192-token
         # chunk, table for 128k: 74 vs 188 us at 8k context, 203 vs 672 at 32k;
         # equal when the table is as wide as the context)
         if "context_splits" in tune:  # benchmarking: a fixed split count
@@ -357,8 +358,8 @@ def index_block_topk(
             SPLIT_VISIBLE=split_visible,
             MIN_SPLIT_BLOCKS=min_split_blocks,
             # no per-element causal mask on blocks every row of the tile sees
-            # in full: H200 run 8, 8192-token chunk, 740 vs 836 us at 128k,
-            # 209 vs 229 at 32k (ci/results/2026-11-30-prefill-sweep-h200-run8.json)
+            # in full: H200, 8192-token chunk, 740 vs 836 us at 128k,
+            # 209 vs 229 at 32k (docs/decisions/0004-prefill-index.md)
             SKIP_FULL_MASK=bool(tune.get("skip_full_mask", True)) and prefetch_rows,
             num_warps=tune.get("num_warps", 4),
             num_stages=tune.get("num_stages", 2),
@@ -454,7 +455,7 @@ def select_score_rows(scores: torch.Tensor, token_pos: torch.Tensor, out: torch.
     if mode not in ("rank", "bitonic", "radix", "argmax"):
         raise ValueError(f"sm90_select must be rank, bitonic, radix or argmax, got {mode!r}")
     if mode == "bitonic":
-        # pieces of 128 columns, one warp: H200 run 54, 8192 rows x 1024 blocks
+        # pieces of 128 columns, one warp: H200, 8192 rows x 1024 blocks
         # (128k): 96-99 us against 110 (256) and 135 (256, 4 warps); 32k 25.4-25.8
         piece = int(tune.get("sm90_select_piece", min(chunk, 128)))
         block_topk_bitonic_kernel[(npf, H)](

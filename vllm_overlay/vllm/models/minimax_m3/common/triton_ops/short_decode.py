@@ -18,15 +18,15 @@ from .score_attend_decode import score_attend_block_kernel, score_attend_merge_k
 SCORE_ATTEND_KEY_SPLIT = 4
 # the merge loads every written partial row with the scores (one round of
 # dependent loads) for batches of at most this many tokens, in this many
-# column chunks per query head.  H200, ci/probe_score_attend.py PAIRED=11
-# (run 38, 8k context, one KV head): 11.68 against 12.32 us at batch 1
+# column chunks per query head.  H200, 11 paired
+# rounds (8k context, one KV head): 11.68 against 12.32 us at batch 1
 # (faster in 11 of 11 rounds), 15.23 against 14.72 at batch 2 (0 of 11)
 SCORE_ATTEND_ONE_ROUND_TOKENS = 1
 SCORE_ATTEND_MERGE_CHUNKS = 4
 # the block launch runs 4 warps per program at batch 1, 2 above: at batch 2 x
 # 8k (1024 programs) 4 warps made fp8 KV 8% slower than bf16 (15.84 against
 # 14.69 us), 2 warps 5% faster (13.98; bf16 14.78, per-token-head 14.59); at
-# batch 1, 2 warps cost bf16 2.7% (12.29 against 12.00).  Run 38, paired rounds
+# batch 1, 2 warps cost bf16 2.7% (12.29 against 12.00).  Paired rounds
 
 
 def score_attend_fits(num_tokens: int, num_kv_heads: int, max_blocks: int, sms: int) -> bool:

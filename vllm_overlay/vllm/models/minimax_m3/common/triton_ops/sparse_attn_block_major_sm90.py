@@ -223,7 +223,7 @@ def widen_block(kv_ptr, k_smem, v_smem, STAGED_GROUPS: gl.constexpr,
     queries' dtype (exactly), with SCALE_MODE 2 times its per-key scales
     (``fetch_scales``, in V's upper half) and rounded once.  The first step's
     wait fences the stores for the MMA.  (Widening V while the first step's
-    score MMA runs instead took the kernel from 330 to 355 us, H200 run 45,
+    score MMA runs instead took the kernel from 330 to 355 us, H200,
     8192-token chunk at 8k, scalar scales.)"""
     f8: gl.constexpr = kv_ptr.dtype.element_ty
     async_copy.wait_group(STAGED_GROUPS)
@@ -281,7 +281,7 @@ def walk_pairs_sm90(q_ptr, pos_ptr, pair_tok_ptr, pair_slot_ptr, part_o_ptr, par
     pieces of rows through shared memory (the step's own query tile, free
     until the next step's refill): stored from the MMA's layout instead, 4
     bytes per thread and row piece, the kernel took 541 us against 328 (H200
-    run 44, 8192-token chunk at 8k; by TMA from the tile, one box per pair:
+    8192-token chunk at 8k; by TMA from the tile, one box per pair:
     344)."""
     R: gl.constexpr = TM * G_PAD
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
