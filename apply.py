@@ -72,7 +72,8 @@ def cmd_apply(args) -> int:
 
 def cmd_export(args) -> int:
     flavor = _flavor(args)
-    changed = exporter.export_series(_root(args), Path(args.tree).resolve(), flavor)
+    changed = exporter.export_series(_root(args), Path(args.tree).resolve(), flavor,
+                                     force=args.force)
     print("\n".join(f"  wrote {c}" for c in changed) if changed else "series unchanged")
     return 0
 
@@ -179,6 +180,8 @@ def main(argv=None) -> int:
     a.add_argument("--sdist", help="local vLLM sdist (or $VLLM_SDIST)")
     a.add_argument("--force", action="store_true", help="discard uncommitted/unexported edits")
     e = sub.add_parser("export", help="applied tree's commits -> patches/ + vllm_overlay/")
+    e.add_argument("--force", action="store_true",
+                   help="export even when the series changed since the tree was applied")
     b = sub.add_parser("build", help="patched wheel from the official precompiled wheel")
     b.add_argument("--target", default=os.environ.get("TARGET", "cuda"))
     b.add_argument("--dist", default=str(ROOT / "dist"))

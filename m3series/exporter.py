@@ -86,7 +86,8 @@ def _write_if_changed(path: Path, data: bytes, changed: list[str], label: str) -
     changed.append(label)
 
 
-def export_series(root: Path, tree: Path, flavor: str | None = None) -> list[str]:
+def export_series(root: Path, tree: Path, flavor: str | None = None,
+                  force: bool = False) -> list[str]:
     """Write the tree's entries back into the flavor's patches folder and root/vllm_overlay;
     return what changed. Overlay files are shared between flavors: one that another
     flavor's entries own is never removed."""
@@ -96,6 +97,17 @@ def export_series(root: Path, tree: Path, flavor: str | None = None) -> list[str
         old = Series.load(root, flavor)
     except SeriesError:
         old = None
+    stamp = read_stamp(tree)
+    if old is not None and stamp and stamp.get("digest") and not force \
+            and old.digest(stamp["base_ident"]) != stamp["digest"]:
+        # the series on disk moved on since the tree was applied (a commit, a merge, or
+        # an export from another flavor's tree: overlay files are shared): exporting
+        # the tree's older copies would undo that
+        raise SeriesError(
+            f"{old.rel}/ or vllm_overlay/ changed since {tree} was applied; exporting it "
+            f"would overwrite those changes with the tree's older files. Re-apply first "
+            f"(`make apply`, with the same BASE=; move your commits over with "
+            f"`git cherry-pick`), or pass --force to export the tree as it is.")
     entries, overlay = entries_from_tree(tree, old)
     series = old or Series(root=root, flavor=flavor)
     patches, overlay_dir, rel_dir = series.patches_dir, root / "vllm_overlay", series.rel

@@ -87,3 +87,22 @@ def test_overlay_files_are_shared_and_export_keeps_the_other_flavors(project, tm
     assert "vllm_overlay/vllm/models/m3/__init__.py" in out
     assert not list((p.root / "patches").glob("*.patch"))
     assert (p.root / "vllm_overlay/vllm/models/m3/__init__.py").read_text() == "MODEL = 'm3 v2'\n"
+
+
+def test_export_from_a_tree_older_than_the_series_is_refused(project, tmp_path):
+    """A shared overlay file changed by the other flavor's export (or by a merge)
+    since this tree was applied: exporting this tree would undo it."""
+    p = _two_flavors(project)
+    p.run("apply", check=True)                          # the default flavor's tree
+    new_tree = tmp_path / "new-tree"
+    _run_at(p, new_tree, "apply", "--flavor", "new")
+    (new_tree / "vllm/models/m3/__init__.py").write_text("MODEL = 'newer'\n")
+    import subprocess
+    subprocess.run(["git", "-C", str(new_tree), "commit", "-qa", "--amend", "--no-edit"], check=True)
+    _run_at(p, new_tree, "export", "--flavor", "new")
+    out = p.run("export", check=False)
+    assert "changed since" in out.stderr and "--force" in out.stderr
+    assert (p.root / "vllm_overlay/vllm/models/m3/__init__.py").read_text() == "MODEL = 'newer'\n"
+    p.run("apply", check=True)                          # re-applied: the export goes through
+    p.run("export", check=True)
+    assert (p.root / "vllm_overlay/vllm/models/m3/__init__.py").read_text() == "MODEL = 'newer'\n"

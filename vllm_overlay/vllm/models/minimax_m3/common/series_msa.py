@@ -138,11 +138,17 @@ def series_attention_forward(impl, layer, query: torch.Tensor, kv_cache: torch.T
         mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
     topk = layer.topk_indices_buffer
     ops = _ops(cache, impl)
-    for _, first, end, block_table, req, pos in _parts(md):
+    for decode, first, end, block_table, req, pos in _parts(md):
         args = (q[first:end], kv, block_table, req, pos, topk[first:end], impl.block_size,
                 impl.scale, mode, k_scale, v_scale, None)
         if ops.triton:
-            ops.block_sparse_attention(*args, out=out[first:end])
+            layout = {}
+            if not decode:  # the measured prefill layout (block-major or token tiles)
+                from .triton_ops import default_prefill_layout
+
+                layout = default_prefill_layout(end - first, md.prefill.max_seq_len,
+                                                impl.block_size, impl.topk_blocks, mode != 0)
+            ops.block_sparse_attention(*args, out=out[first:end], **layout)
         else:  # the reference returns a new tensor
             out[first:end].copy_(ops.block_sparse_attention(*args))
     return output
