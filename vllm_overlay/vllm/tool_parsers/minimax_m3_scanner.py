@@ -291,11 +291,11 @@ class _Scanner:
                     raise _Malformed("text where a tag is expected")
                 return "prose", run, run
             # Whitespace between invokes is layout: decided at the next tag.
-            return ("text", run, run) if complete else None
+            return ("text", run, run) if complete or final else None
         if not self.stack:
             if run.strip():
                 raise _Malformed("text between parameters")
-            return ("text", run, run) if complete else None
+            return ("text", run, run) if complete or final else None
         return "text", run, run
 
     def _is_resync_tag(self) -> bool:
