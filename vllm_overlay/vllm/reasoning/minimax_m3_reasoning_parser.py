@@ -48,7 +48,8 @@ tool parser's: recover where unambiguous, otherwise keep the text verbatim.
    a closer after other content is text.
 3. Missing closer before a tool call: the reasoning runs straight into
    ``]<]minimax[>[<tool_call>`` (ai-dynamo/frontend-crates#133, a marker leak
-   into reasoning): the opener ends the reasoning and it and what follows go
+   into reasoning; MiniMax-M2 did the same inside ``<think>``,
+   waybarrios/vllm-mlx#98): the opener ends the reasoning and it and what follows go
    to content, where the tool parser finds the call.  The marker alone (an
    M3 thought may mention it) stays reasoning.
 4. Thinking that contains tool-call markup: a complete ``<tool_call>``

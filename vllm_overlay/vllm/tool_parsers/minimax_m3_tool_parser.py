@@ -80,7 +80,9 @@ invoke does not lose the calls after it, streamed or not).
    nested tags (smg#1815, vllm-gaudi#1655 keep it as ``$text``; that has no
    schema meaning, so here it is malformed), a nested ``<tool_call>``: that
    invoke is content, scanning goes on inside the block, so later invokes are
-   still calls (no latching; vllm#51073 lost the whole message).
+   still calls (no latching; vllm#51073 lost the whole message, and the M2
+   parser of SGLang swallowed the valid invokes after an invalid one,
+   sgl-project/sglang#24995).
 7. Parameter names with hyphens (``-A``, ``-n``; vllm-project/vllm-ascend#12815
    where an XML library rejected them): accepted as tags.
 8. Invoke without a name or with an empty one (TOOLCALLING.batch.4.c): that
