@@ -362,10 +362,17 @@ def test_repeated_string_parameter_is_malformed(tok, tools_request, helpers):
         f'{M}<invoke name="save_file">{M}<content>a{M}</content>'
         f"{M}<content>b{M}</content>{M}</invoke>"
     )
-    text = f"{M}<tool_call>{UTC}{bad}{M}</tool_call>"
-    res = _complete(tok, tools_request, text)
-    assert helpers.calls_as_tuples([t.function for t in res.tool_calls]) == [UTC_CALL]
-    assert res.content == bad
+    # the same when the first one lost its opening tag
+    bad2 = (
+        f'{M}<invoke name="save_file">{M}a{M}</content>'
+        f"{M}<content>b{M}</content>{M}</invoke>"
+    )
+    for broken in (bad, bad2):
+        text = f"{M}<tool_call>{UTC}{broken}{M}</tool_call>"
+        res = _complete(tok, tools_request, text)
+        got = helpers.calls_as_tuples([t.function for t in res.tool_calls])
+        assert got == [UTC_CALL]
+        assert res.content == broken
 
 
 def test_streamed_malformed_string_keeps_what_was_sent(

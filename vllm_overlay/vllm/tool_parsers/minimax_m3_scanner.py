@@ -411,13 +411,15 @@ class _Scanner:
             raise _Malformed(f"bad parameter tag <{value}>")
         if self.stack:
             top = self.stack[-1]
-            if top.tag is None or top.text.strip():
+            if top.tag is None:
+                raise _Malformed(f"nested tag <{name}> in a value without its tag")
+            if top.text.strip():
                 raise _Malformed(f"nested tag after text in <{top.tag}>")
             top.text = ""
             self.stack.append(Node(name))
             return
         if call.pending_key is not None:
-            if call.pending_key == name and call.live is not None:
+            if call.pending_key == name and call.is_plain_string(name):
                 raise _Malformed(f"repeated string parameter <{name}>")
             if call.pending_key != name:
                 self._finalize_pending()
@@ -482,7 +484,7 @@ class _Scanner:
         if call.pending_key is not None and call.pending_key != name:
             self._finalize_pending()
         if call.pending_key == name:
-            if call.live is not None:
+            if call.is_plain_string(name):
                 raise _Malformed(f"repeated string parameter <{name}>")
             call.pending.append(node)
         elif name in call.final:

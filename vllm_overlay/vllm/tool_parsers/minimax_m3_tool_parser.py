@@ -54,7 +54,7 @@ verbatim as content; never drop text, never raise, and never latch (a bad
 invoke does not lose the calls after it, streamed or not).
 
 1. First parameter without its opening tag, ``M<invoke name="f">MvalueM</k>``
-   (emitted deterministically by MiniMax-M3-MXFP8 and MXFP4;
+   (emitted deterministically by MiniMax-M3-MXFP8;
    vllm-project/vllm#51073, #51075; vllm-gaudi#1655): recovered, ``k`` is
    named by its closing tag.  Anywhere a parameter may start (also inside a
    nested object).  Its value is sent when it closes.
