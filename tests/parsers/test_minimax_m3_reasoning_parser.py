@@ -91,10 +91,18 @@ def test_needs_a_tokenizer():
         (ENABLED, f"{CLOSE}{CLOSE}{M}<tool_call>", (None, f"{M}<tool_call>")),
         # a tool call opened without closing the reasoning ends it
         (ENABLED, f"plan\n{M}<tool_call>x", ("plan\n", f"{M}<tool_call>x")),
-        (None, f"<mm:think>p {M}<tool_call>x{CLOSE}", ("p ", f"{M}<tool_call>x{CLOSE}")),
+        (
+            None,
+            f"<mm:think>p {M}<tool_call>x{CLOSE}",
+            ("p ", f"{M}<tool_call>x{CLOSE}"),
+        ),
         (ENABLED, f"{M}<tool_call>x", (None, f"{M}<tool_call>x")),
         # the marker alone, or tool markup without the opener, stays reasoning
-        (ENABLED, f"I may write {M} or <invoke>{CLOSE}A", (f"I may write {M} or <invoke>", "A")),
+        (
+            ENABLED,
+            f"I may write {M} or <invoke>{CLOSE}A",
+            (f"I may write {M} or <invoke>", "A"),
+        ),
         (ENABLED, f"a {M}<tool_cal{CLOSE}b", (f"a {M}<tool_cal", "b")),
         # no closer at all: everything stays reasoning (MiniMax-M3#28)
         (ENABLED, "thinking... Hola, ¿cómo", ("thinking... Hola, ¿cómo", None)),

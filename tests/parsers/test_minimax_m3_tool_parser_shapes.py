@@ -67,7 +67,12 @@ SHAPES = [
         f'{M}<tool_call>{M}<invoke name="get_weather">{M}<city>Oslo{M}</city>'
         f"{M}<options>{M}high{M}</detail>{M}<hours>{M}<item>6{M}</item>{M}</hours>"
         f"{M}</options>{M}</invoke>{M}</tool_call>",
-        [("get_weather", {"city": "Oslo", "options": {"detail": "high", "hours": [6]}})],
+        [
+            (
+                "get_weather",
+                {"city": "Oslo", "options": {"detail": "high", "hours": [6]}},
+            )
+        ],
         "",
     ),
     (
@@ -285,7 +290,8 @@ def test_string_argument_streams_while_generated(tok, tools_request, parser_cls)
     code = 'def f(a):\n    return "<b>x</b>" + \'\\\\\' + "é\t🙂" # a < b\n'
     text = (
         f'{M}<tool_call>{M}<invoke name="save_file">{M}<filename>a.py{M}</filename>'
-        f"{M}<content>{code}{M}</content>{M}<mode>w{M}</mode>{M}</invoke>{M}</tool_call>"
+        f"{M}<content>{code}{M}</content>{M}<mode>w{M}</mode>{M}</invoke>"
+        f"{M}</tool_call>"
     )
     parser = parser_cls(tok, tools_request.tools)
     start = text.index(f"{M}<content>") + len(f"{M}<content>")

@@ -29,7 +29,11 @@ from ``chat_template_kwargs``:
   without an opening tag, the text before the first closer is reasoning.
 
 Only one reasoning block per generation: after the closer, later tags are
-plain content.
+plain content.  The text is parsed with one small state machine for both the
+complete and the streamed output, so deltas may be split at any character,
+including inside a tag (a partial tag is held back until it is decided).  A
+partial tag that is still held back when the stream ends is not emitted
+(vLLM gives reasoning parsers no end-of-stream hook).
 
 Shapes seen from deployed checkpoints, and what this parser does
 ---------------------------------------------------------------
@@ -49,8 +53,8 @@ tool parser's: recover where unambiguous, otherwise keep the text verbatim.
 3. Missing closer before a tool call: the reasoning runs straight into
    ``]<]minimax[>[<tool_call>`` (ai-dynamo/frontend-crates#133, a marker leak
    into reasoning; MiniMax-M2 did the same inside ``<think>``,
-   waybarrios/vllm-mlx#98): the opener ends the reasoning and it and what follows go
-   to content, where the tool parser finds the call.  The marker alone (an
+   waybarrios/vllm-mlx#98): the opener ends the reasoning; it and what
+   follows go to content, where the tool parser finds the call.  The marker alone (an
    M3 thought may mention it) stays reasoning.
 4. Thinking that contains tool-call markup: a complete ``<tool_call>``
    opener inside the thoughts is treated as in 3 (a drafted call in the
@@ -61,18 +65,17 @@ tool parser's: recover where unambiguous, otherwise keep the text verbatim.
    before the closer; MiniMax-AI/MiniMax-M3#28): everything stays reasoning,
    nothing is guessed out of it.
 6. A ``<mm:think>`` that is not at the start (quoted in content;
-   vllm-project/vllm#48690): text.  The text is parsed with one small state machine for both the
-complete and the streamed output, so deltas may be split at any character,
-including inside a tag (a partial tag is held back until it is decided).  A
-partial tag that is still held back when the stream ends is not emitted
-(vLLM gives reasoning parsers no end-of-stream hook).
+   vllm-project/vllm#48690): text.
 
 The token-id methods (:meth:`is_reasoning_end`, :meth:`is_reasoning_end_streaming`,
 :meth:`extract_content_ids`, :meth:`count_reasoning_tokens`) use the tag token
 ids when each tag is a single token of the tokenizer and fall back to decoding
 otherwise.  In vLLM 0.23.0 ``is_reasoning_end`` is only called with *prompt*
 ids: it answers "does the generation that follows start outside the
-reasoning?".
+reasoning?".  Shape 3 has no closer token: ``count_reasoning_tokens`` then
+decodes, while the engine-side scan of :meth:`is_reasoning_end_streaming` (a
+fresh instance, ids only, used for structured outputs) still waits for a
+``</mm:think>``.
 """
 
 from collections.abc import Iterable, Sequence
