@@ -10,6 +10,11 @@ unit vector e_i, attention and MLP outputs are zeroed (o_proj, down_proj = 0),
 and lm_head maps e_i to the next piece of the script.  The script is MiniMax-M3
 style reasoning followed by two tool calls whose markup is split across tokens
 in awkward places (inside a value, inside a closing tag, inside the marker).
+The calls carry two malformed shapes that deployed checkpoints emit and the
+parser recovers (see its module docstring): the second invoke's first
+parameter lost its opening tag (vllm-project/vllm#51073) and the prose between
+the invokes stays content; the city string arrives over several tokens and
+must reach the client as several argument deltas.
 
 Select with ``-m e2e``; takes about a minute on 2 CPU cores.
 """
@@ -33,20 +38,25 @@ REASONING = [
     " I will call get_weather and get_time.",
 ]
 CONTENT = "Let me check."
+CITY = "Paris, Île-de-France"
+CITY_PIECES = ["Par", "is, Î", "le-de-Fr", "ance"]  # one token each
+BETWEEN = "\nAnd the time there:\n"  # prose between the invokes: content
 TOOL_PIECES = [
     f"\n{M}<tool_call>",
     f'\n{M}<invoke name="get_weather">',
-    f"\n{M}<city>Par",
-    f"is{M}</ci",
+    f"\n{M}<city>{CITY_PIECES[0]}",
+    *CITY_PIECES[1:-1],
+    f"{CITY_PIECES[-1]}{M}</ci",
     f"ty>\n{M}<days>3{M}</days>",
     f"\n{M}<units>{M}<item>celsius{M}</item>{M}<item>kelvin{M}</item>{M}</units>",
-    f"\n{M}</invoke>",
-    f'\n{M}<invoke name="get_time">]<]mini',
-    f"max[>[<tz>Europe/Paris{M}</tz>{M}</invoke>",
+    f"\n{M}</invoke>{BETWEEN}",
+    # first parameter without its opening tag, marker split across tokens
+    f'{M}<invoke name="get_time">]<]mini',
+    f"max[>[Europe/Paris{M}</tz>{M}</invoke>",
     f"\n{M}</tool_call>",
 ]
 EXPECTED_CALLS = [
-    ("get_weather", {"city": "Paris", "days": 3, "units": ["celsius", "kelvin"]}),
+    ("get_weather", {"city": CITY, "days": 3, "units": ["celsius", "kelvin"]}),
     ("get_time", {"tz": "Europe/Paris"}),
 ]
 TOOLS = [
@@ -251,7 +261,8 @@ def test_non_streaming(server, thinking):
     choice = resp.choices[0]
     msg = choice.message
     assert _reasoning_of(msg) == "".join(REASONING)
-    assert msg.content == CONTENT + "\n"  # text before the block, verbatim
+    # text before the block and the prose between the invokes, verbatim
+    assert msg.content == CONTENT + "\n" + BETWEEN
     assert choice.finish_reason == "tool_calls"
     got = [
         (tc.function.name, json.loads(tc.function.arguments)) for tc in msg.tool_calls
@@ -281,6 +292,7 @@ def test_streaming(server, thinking):
     )
     reasoning, content, finish = [], [], None
     calls: dict[int, dict] = {}
+    arg_deltas: dict[int, list[str]] = {}
     for chunk in stream:
         if not chunk.choices:
             continue
@@ -300,9 +312,18 @@ def test_streaming(server, thinking):
             if tc.function and tc.function.arguments:
                 assert c["name"], "arguments streamed before the function name"
                 c["args"] += tc.function.arguments
+                arg_deltas.setdefault(tc.index, []).append(tc.function.arguments)
     assert "".join(reasoning) == "".join(REASONING)
-    assert "".join(content) == CONTENT + "\n"
+    assert "".join(content) == CONTENT + "\n" + BETWEEN
     assert finish == "tool_calls"
     got = [(c["name"], json.loads(c["args"])) for _, c in sorted(calls.items())]
-    assert got == EXPECTED_CALLS
+    assert got == EXPECTED_CALLS  # the recovered get_time call included
     assert all(c["id"] for c in calls.values())
+    # the city string reached the client while it was generated: one
+    # argument delta per token of it, before the invoke was complete
+    weather = arg_deltas[0]
+    assert weather[: len(CITY_PIECES)] == [
+        '{"city": "' + CITY_PIECES[0],
+        *CITY_PIECES[1:],
+    ]
+    assert "".join(weather) == json.dumps(EXPECTED_CALLS[0][1], ensure_ascii=False)

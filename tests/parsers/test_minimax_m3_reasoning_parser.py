@@ -83,6 +83,29 @@ def test_needs_a_tokenizer():
         (DISABLED, "<mm:think>p</mm:think>A", (None, "<mm:think>p</mm:think>A")),
         ({"enable_thinking": False}, "A", (None, "A")),
         (None, "", (None, None)),
+        # surveyed shapes (see the parser's module docstring)
+        # repeated closers at the start / right after the block are dropped
+        (None, f"{CLOSE}{CLOSE}Hello.", (None, "Hello.")),
+        (None, f"{CLOSE}\n{CLOSE}\nHi {CLOSE}", (None, "\n\nHi " + CLOSE)),
+        (ENABLED, f"plan{CLOSE} {CLOSE}Answer", ("plan", " Answer")),
+        (ENABLED, f"{CLOSE}{CLOSE}{M}<tool_call>", (None, f"{M}<tool_call>")),
+        # a tool call opened without closing the reasoning ends it
+        (ENABLED, f"plan\n{M}<tool_call>x", ("plan\n", f"{M}<tool_call>x")),
+        (
+            None,
+            f"<mm:think>p {M}<tool_call>x{CLOSE}",
+            ("p ", f"{M}<tool_call>x{CLOSE}"),
+        ),
+        (ENABLED, f"{M}<tool_call>x", (None, f"{M}<tool_call>x")),
+        # the marker alone, or tool markup without the opener, stays reasoning
+        (
+            ENABLED,
+            f"I may write {M} or <invoke>{CLOSE}A",
+            (f"I may write {M} or <invoke>", "A"),
+        ),
+        (ENABLED, f"a {M}<tool_cal{CLOSE}b", (f"a {M}<tool_cal", "b")),
+        # no closer at all: everything stays reasoning (MiniMax-M3#28)
+        (ENABLED, "thinking... Hola, ¿cómo", ("thinking... Hola, ¿cómo", None)),
     ],
 )
 def test_extract_reasoning(tok, make_request, kwargs, text, expected):
@@ -105,6 +128,10 @@ STREAM_SAMPLES = [
     (None, "<mm:thinking is not a tag"),
     (None, "No reasoning at all."),
     (DISABLED, "<mm:think>a</mm:think>b"),
+    (None, f" {CLOSE} \n{CLOSE}{CLOSE}\tx {CLOSE}"),
+    (ENABLED, f"r </mm:thin{CLOSE}\n </mm:{CLOSE}{CLOSE}c"),
+    (ENABLED, f"r {M}<tool_ca {M} {M}<tool_call>{M}<invoke{CLOSE}"),
+    (None, f"<mm:think>{M}<tool_call>{CLOSE}"),
 ]
 
 
@@ -295,3 +322,50 @@ def test_adaptive_no_reasoning_tool_call(tok, make_request, helpers):
         )
         assert r == "" and c == ref[1]
         assert helpers.calls_as_tuples(calls) == FULL_CALLS
+
+
+@pytest.mark.parametrize("thinking", [ENABLED, None])
+def test_tool_call_without_closing_the_reasoning(tok, make_request, helpers, thinking):
+    """The model runs from its thoughts straight into a tool call whose first
+    parameter also lost its opening tag (both surveyed shapes): streamed at
+    every split, the call is recovered and the thoughts stay reasoning."""
+    opener = "" if thinking else OPEN
+    text = (
+        f"{opener}I need the weather.\n"
+        f'{M}<tool_call>\n{M}<invoke name="get_weather">{M}Paris{M}</city>'
+        f"{M}<days>2{M}</days>{M}</invoke>\n{M}</tool_call>"
+    )
+    request = make_request(chat_template_kwargs=thinking)
+    prompt_ids = tok.encode("assistant:", add_special_tokens=False)
+    parser_cls = helpers.get_parser_cls()
+    calls_expected = [("get_weather", {"city": "Paris", "days": 2})]
+    ref = parser_cls(tok, request.tools, chat_template_kwargs=thinking).parse(
+        text, request, enable_auto_tools=True
+    )
+    assert ref[0] == "I need the weather.\n"
+    assert helpers.calls_as_tuples(ref[2]) == calls_expected
+    splits = [list(text)] + [[text[:k], text[k:]] for k in range(len(text) + 1)]
+    for chunks in splits:
+        parser = parser_cls(tok, request.tools, chat_template_kwargs=thinking)
+        r, c, calls = helpers.run_stream(parser, tok, chunks, request, prompt_ids)
+        assert r == "I need the weather.\n", len(chunks[0])
+        assert c == "", len(chunks[0])
+        assert helpers.calls_as_tuples(calls) == calls_expected, len(chunks[0])
+
+
+def test_special_token_helper_is_shared(char_tokenizer_factory):
+    """Both parsers ask the same helper whether their markup is special."""
+    from vllm.reasoning import minimax_m3_reasoning_parser as rp
+    from vllm.reasoning.minimax_m3_special_tokens import (
+        any_special,
+        special_token_strings,
+    )
+    from vllm.tool_parsers import minimax_m3_tool_parser as tp
+
+    assert rp.any_special is any_special and tp.any_special is any_special
+    tok = char_tokenizer_factory(added=(OPEN,), special=(M, "<x>"))
+    assert {M, "<x>", "<s>", "</s>"} <= special_token_strings(tok)
+    assert OPEN not in special_token_strings(tok)
+    assert any_special(tok, [M + "<tool_call>"])  # contains a special token
+    assert not any_special(tok, [OPEN, CLOSE])
+    assert special_token_strings(None) == set()

@@ -134,24 +134,34 @@ def test_streaming_sends_name_before_arguments(tok, make_request):
     text = f"{M}<tool_call>{WEATHER_INVOKE}{M}</tool_call>"
     name_at = text.index('">') + 2  # the invoke opening tag is complete here
     first_args_at = None
+    args_at: dict[int, str] = {}  # arguments streamed after i+1 characters
+    streamed = ""
     prev = ""
     for i, ch in enumerate(text):
         delta = parser.extract_tool_calls_streaming(
             prev, prev + ch, ch, [], [], [], request
         )
         prev += ch
-        if delta is None:
-            continue
-        for tc in delta.tool_calls:
+        for tc in delta.tool_calls if delta is not None else []:
             if tc.function and tc.function.name:
                 assert i + 1 == name_at
                 assert tc.id and tc.type == "function"
-            if tc.function and tc.function.arguments and first_args_at is None:
-                first_args_at = i + 1
-    # the first parameter goes out when the second one starts, well before
-    # the invoke is closed
-    assert first_args_at is not None
-    assert first_args_at == text.index(f"{M}<days>") + len(f"{M}<days>")
+            if tc.function and tc.function.arguments:
+                if first_args_at is None:
+                    first_args_at = i + 1
+                streamed += tc.function.arguments
+        args_at[i + 1] = streamed
+    # the string parameter streams from its first character ...
+    assert first_args_at == text.index("Paris") + 1
+    assert args_at[first_args_at] == '{"city": "P'
+    assert args_at[text.index("Paris") + 5] == '{"city": "Paris'
+    # ... and is closed when the next parameter starts; the integer after it
+    # goes out in one piece when it is final (the next sibling starts)
+    days_at = text.index(f"{M}<days>") + len(f"{M}<days>")
+    assert args_at[days_at] == '{"city": "Paris"'
+    threshold_at = text.index(f"{M}<threshold>") + len(f"{M}<threshold>")
+    assert args_at[threshold_at - 1] == '{"city": "Paris"'
+    assert args_at[threshold_at] == '{"city": "Paris", "days": 3'
     assert parser.prev_tool_call_arr[0]["name"] == "get_weather"
     assert parser.prev_tool_call_arr[0]["arguments"] == WEATHER_ARGS
     assert parser.streamed_args_for_tool[0] == json.dumps(
@@ -337,24 +347,38 @@ def test_closing_tag_without_marker_is_accepted(tok, make_request, helpers):
     [
         f"{M}<city>Paris{M}</town>",  # mismatched closing tag
         f"stray text{M}<city>Paris{M}</city>",  # text between parameters
-        f"{M}city>Paris",  # marker not followed by a tag
-        f'{M}<invoke name="get_time">',  # nested invoke
+        f"{M}city>Paris",  # marker not followed by a tag, never closed
         f"{M}<city>Paris{M}<days>1{M}</days>{M}</city>",  # text mixed with tags
         f"{M}<a b>1{M}</a b>",  # attributes are not supported
+        f"{M}<city>Paris",  # parameter never closed
     ],
 )
-def test_malformed_invoke_degrades_to_content(tok, make_request, helpers, bad):
+def test_malformed_invoke_degrades_to_content(
+    tok, make_request, helpers, parser_cls, bad
+):
+    """A broken invoke between two good ones: the broken one is content,
+    verbatim; the calls on both sides of it survive (no latching)."""
     broken = f'{M}<invoke name="get_weather">{bad}{M}</invoke>'
-    text = f"x{M}<tool_call>{TIME_INVOKE}\n{broken}\n{M}</tool_call>y"
+    utc = f'{M}<invoke name="get_time">{M}<tz>UTC{M}</tz>{M}</invoke>'
+    text = f"x{M}<tool_call>{TIME_INVOKE}\n{broken}\n{utc}\n{M}</tool_call>y"
     res = _extract(tok, make_request(), text)
-    # the complete invoke before the broken one is still a call
     assert helpers.calls_as_tuples([t.function for t in res.tool_calls]) == [
-        ("get_time", {"tz": "Europe/Paris"})
+        ("get_time", {"tz": "Europe/Paris"}),
+        ("get_time", {"tz": "UTC"}),
     ]
-    # the broken invoke is returned as plain content, nothing is lost
-    assert res.content.startswith("x\n" + broken[:20])
-    assert res.content.endswith(f"{M}</tool_call>y")
-    assert broken in res.content
+    # the broken invoke is returned as plain content, nothing is lost; the
+    # block's closing tag is framing of the calls
+    assert res.content == "x\n" + broken + "\ny"
+    # streamed: the broken invoke's name was already out, so its call is
+    # closed with what it had and the rest of it is content
+    request = make_request()
+    _, content, calls = helpers.run_stream(
+        parser_cls(tok, request.tools), tok, list(text), request
+    )
+    assert [c["name"] for c in calls] == ["get_time", "get_weather", "get_time"]
+    assert helpers.calls_as_tuples(calls)[2] == ("get_time", {"tz": "UTC"})
+    head = f'{M}<invoke name="get_weather">'
+    assert content == "x" + broken[len(head) :] + "\ny"
 
 
 @pytest.mark.parametrize(

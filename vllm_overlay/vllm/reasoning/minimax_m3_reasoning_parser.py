@@ -35,21 +35,56 @@ including inside a tag (a partial tag is held back until it is decided).  A
 partial tag that is still held back when the stream ends is not emitted
 (vLLM gives reasoning parsers no end-of-stream hook).
 
+Shapes seen from deployed checkpoints, and what this parser does
+---------------------------------------------------------------
+From public reports against other servers (facts only); the rule is the
+tool parser's: recover where unambiguous, otherwise keep the text verbatim.
+
+1. Prefilled opener: the template ends the prompt with ``<mm:think>``
+   (``thinking_mode="enabled"``; smg-project/smg#1815), the model may still
+   re-emit it (smg#2448): reasoning from the first character, a leading
+   re-emitted opener is dropped.  Instructional tags earlier in the prompt
+   do not decide (only the prompt's tail counts; vllm-project/vllm#46042).
+2. Stray or repeated closers: M3 prefixes replies with ``</mm:think>``, once
+   or several times (``</mm:think></mm:think>]<]minimax[>[<tool_call>``;
+   smg-project/smg#2447, #2448): closers at the start of the reply and closers
+   right after the block's own closer (only whitespace between) are dropped;
+   a closer after other content is text.
+3. Missing closer before a tool call: the reasoning runs straight into
+   ``]<]minimax[>[<tool_call>`` (ai-dynamo/frontend-crates#133, a marker leak
+   into reasoning; MiniMax-M2 did the same inside ``<think>``,
+   waybarrios/vllm-mlx#98): the opener ends the reasoning; it and what
+   follows go to content, where the tool parser finds the call.  The marker alone (an
+   M3 thought may mention it) stays reasoning.
+4. Thinking that contains tool-call markup: a complete ``<tool_call>``
+   opener inside the thoughts is treated as in 3 (a drafted call in the
+   thoughts cannot be told from a real one without the closer, and losing a
+   real call silently breaks an agent loop); markup without the opener is
+   reasoning text.
+5. Missing closer at the end (truncated thinking, or answer words written
+   before the closer; MiniMax-AI/MiniMax-M3#28): everything stays reasoning,
+   nothing is guessed out of it.
+6. A ``<mm:think>`` that is not at the start (quoted in content;
+   vllm-project/vllm#48690): text.
+
 The token-id methods (:meth:`is_reasoning_end`, :meth:`is_reasoning_end_streaming`,
 :meth:`extract_content_ids`, :meth:`count_reasoning_tokens`) use the tag token
 ids when each tag is a single token of the tokenizer and fall back to decoding
 otherwise.  In vLLM 0.23.0 ``is_reasoning_end`` is only called with *prompt*
 ids: it answers "does the generation that follows start outside the
-reasoning?".
+reasoning?".  Shape 3 has no closer token: ``count_reasoning_tokens`` then
+decodes, while the engine-side scan of :meth:`is_reasoning_end_streaming` (a
+fresh instance, ids only, used for structured outputs) still waits for a
+``</mm:think>``.
 """
 
-import contextlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from vllm.entrypoints.openai.engine.protocol import DeltaMessage
 from vllm.logger import init_logger
 from vllm.reasoning.abs_reasoning_parsers import ReasoningParser
+from vllm.reasoning.minimax_m3_special_tokens import any_special
 from vllm.tokenizers import TokenizerLike
 
 if TYPE_CHECKING:
@@ -60,6 +95,8 @@ logger = init_logger(__name__)
 
 THINK_START = "<mm:think>"
 THINK_END = "</mm:think>"
+# The tool-call block opener (see the minimax_m3 tool parser).
+TOOL_CALL_OPEN = "]<]minimax[>[<tool_call>"
 
 MODE_ENABLED = "enabled"
 MODE_DISABLED = "disabled"
@@ -72,6 +109,7 @@ _FALSE_WORDS = {"disabled", "disable", "off", "false", "no", "none"}
 _UNDECIDED = "undecided"  # auto mode, nothing but whitespace seen yet
 _LEAD_REASONING = "lead_reasoning"  # inside reasoning, an opener may follow
 _REASONING = "reasoning"
+_AFTER_CLOSE = "after_close"  # content; repeated closers are dropped
 _CONTENT = "content"
 
 # How many trailing prompt tokens are decoded to look for a trailing tag.
@@ -133,7 +171,7 @@ class ThinkSplitter:
 
     @property
     def in_content(self) -> bool:
-        return self.state == _CONTENT
+        return self.state in (_AFTER_CLOSE, _CONTENT)
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning: list[str] = []
@@ -144,6 +182,21 @@ class ThinkSplitter:
             if self.state == _CONTENT:
                 content.append(buf)
                 break
+            if self.state == _AFTER_CLOSE:
+                # Closers repeated right after the block (only whitespace
+                # between) are framing noise, not text.
+                head = buf.lstrip()
+                if len(head) < len(buf):
+                    content.append(buf[: len(buf) - len(head)])
+                if head.startswith(THINK_END):
+                    buf = head[len(THINK_END) :]
+                    continue
+                if not head or THINK_END.startswith(head):
+                    self._buf = head
+                    break
+                self.state = _CONTENT
+                buf = head
+                continue
             if self.state in (_UNDECIDED, _LEAD_REASONING):
                 head = buf.lstrip()
                 if not head:
@@ -155,7 +208,7 @@ class ThinkSplitter:
                     continue
                 if self.state == _UNDECIDED and head.startswith(THINK_END):
                     # Stray closer at the start of a non-thinking reply.
-                    self.state = _CONTENT
+                    self.state = _AFTER_CLOSE
                     buf = head[len(THINK_END) :]
                     continue
                 if THINK_START.startswith(head) or (
@@ -167,12 +220,22 @@ class ThinkSplitter:
                 continue
             # _REASONING
             end = buf.find(THINK_END)
+            call = buf.find(TOOL_CALL_OPEN)
+            if call >= 0 and (end < 0 or call < end):
+                # A tool call started without closing the reasoning: the
+                # reasoning ends there, the call goes to content.
+                reasoning.append(buf[:call])
+                self.state = _CONTENT
+                buf = buf[call:]
+                continue
             if end >= 0:
                 reasoning.append(buf[:end])
-                self.state = _CONTENT
+                self.state = _AFTER_CLOSE
                 buf = buf[end + len(THINK_END) :]
                 continue
-            keep = _partial_suffix(buf, THINK_END)
+            keep = max(
+                _partial_suffix(buf, THINK_END), _partial_suffix(buf, TOOL_CALL_OPEN)
+            )
             reasoning.append(buf[: len(buf) - keep])
             self._buf = buf[len(buf) - keep :]
             break
@@ -229,16 +292,7 @@ class MiniMaxM3ReasoningParser(ReasoningParser):
             return self.model_tokenizer.decode(list(ids))
 
     def _tags_are_special(self) -> bool:
-        tok = self.model_tokenizer
-        special: set[str] = set()
-        with contextlib.suppress(Exception):  # tokenizer quirks
-            special.update(getattr(tok, "all_special_tokens", None) or [])
-        decoder = getattr(tok, "added_tokens_decoder", None)
-        if isinstance(decoder, dict):
-            for added in decoder.values():
-                if getattr(added, "special", False):
-                    special.add(str(getattr(added, "content", added)))
-        return THINK_START in special or THINK_END in special
+        return any_special(self.model_tokenizer, [THINK_START, THINK_END])
 
     def adjust_request(
         self, request: "ChatCompletionRequest | ResponsesRequest"
@@ -350,7 +404,7 @@ class MiniMaxM3ReasoningParser(ReasoningParser):
     def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
         if self.mode == MODE_DISABLED or not token_ids:
             return 0
-        if self._single_token_tags:
+        if self._single_token_tags and self.end_token_id in token_ids:
             inside = self.mode == MODE_ENABLED
             count = 0
             for tid in token_ids:
