@@ -37,7 +37,7 @@ def _stream_reasoning_only(parser, tok, chunks):
 
 def test_registered():
     from vllm.reasoning import ReasoningParserManager
-    from vllm.reasoning.minimax_m3_reasoning_parser import MiniMaxM3ReasoningParser
+    from vllm.reasoning.minimax_m3_series_reasoning_parser import MiniMaxM3ReasoningParser
 
     assert "minimax_m3" in ReasoningParserManager.list_registered()
     assert (
@@ -47,7 +47,7 @@ def test_registered():
 
 
 def test_needs_a_tokenizer():
-    from vllm.reasoning.minimax_m3_reasoning_parser import MiniMaxM3ReasoningParser
+    from vllm.reasoning.minimax_m3_series_reasoning_parser import MiniMaxM3ReasoningParser
 
     with pytest.raises(ValueError, match="tokenizer"):
         MiniMaxM3ReasoningParser(None)
@@ -355,12 +355,12 @@ def test_tool_call_without_closing_the_reasoning(tok, make_request, helpers, thi
 
 def test_special_token_helper_is_shared(char_tokenizer_factory):
     """Both parsers ask the same helper whether their markup is special."""
-    from vllm.reasoning import minimax_m3_reasoning_parser as rp
+    from vllm.reasoning import minimax_m3_series_reasoning_parser as rp
     from vllm.reasoning.minimax_m3_special_tokens import (
         any_special,
         special_token_strings,
     )
-    from vllm.tool_parsers import minimax_m3_tool_parser as tp
+    from vllm.tool_parsers import minimax_m3_series_tool_parser as tp
 
     assert rp.any_special is any_special and tp.any_special is any_special
     tok = char_tokenizer_factory(added=(OPEN,), special=(M, "<x>"))

@@ -62,7 +62,7 @@ def _extract(tok, request, text):
 
 def test_registered():
     from vllm.tool_parsers import ToolParserManager
-    from vllm.tool_parsers.minimax_m3_tool_parser import MinimaxM3ToolParser
+    from vllm.tool_parsers.minimax_m3_series_tool_parser import MinimaxM3ToolParser
 
     assert "minimax_m3" in ToolParserManager.list_registered()
     assert ToolParserManager.get_tool_parser("minimax_m3") is MinimaxM3ToolParser
@@ -474,7 +474,7 @@ def test_tool_choice_none_passes_text_through(tok, make_request, helpers, parser
 
 
 def test_adjust_request_keeps_special_marker(char_tokenizer_factory, make_request):
-    from vllm.tool_parsers.minimax_m3_tool_parser import MinimaxM3ToolParser
+    from vllm.tool_parsers.minimax_m3_series_tool_parser import MinimaxM3ToolParser
 
     plain = char_tokenizer_factory(added=(M,))
     special = char_tokenizer_factory(added=(), special=(M,))

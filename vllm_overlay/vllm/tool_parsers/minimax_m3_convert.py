@@ -4,7 +4,7 @@
 
 Parameter values arrive as a tree of tags (:class:`Node`); they are turned
 into JSON values by the tool's JSON schema (the rules are listed in the
-docstring of :mod:`vllm.tool_parsers.minimax_m3_tool_parser`).
+docstring of :mod:`vllm.tool_parsers.minimax_m3_series_tool_parser`).
 """
 
 import json

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Incremental scanner of MiniMax-M3 tool-call markup.
 
-Used by :mod:`vllm.tool_parsers.minimax_m3_tool_parser` (grammar, surveyed
+Used by :mod:`vllm.tool_parsers.minimax_m3_series_tool_parser` (grammar, surveyed
 malformed shapes and decisions are in that module's docstring) for both the
 complete output and the stream.  The scanner consumes text in pieces of any
 size and produces events:
