@@ -31,6 +31,8 @@
 #            FULL_AND_PIECEWISE) -- chunked prefill, preemption, fused shared expert, bf16
 #   fused_graphs   the same with graphs, only the fused shared expert and the bf16 parity
 #   fp8ckpt  tests/models/test_minimax_m3_fp8_dynamic.py (compressed-tensors FP8-dynamic)
+#   mxfp8ckpt  tests/models/test_minimax_m3_mxfp8.py (MiniMax-M3-MXFP8 format: Marlin parity, FP8 KV
+#            off and on) and test_minimax_m3_mxfp4.py (Quark MXFP4 detection)
 # Run on the GPU machine after `bash .gpu/recv.sh install && . /tmp/gpu-env.sh`.
 # RUN_SUITES="models" runs a subset, one suite after another with every GPU visible; then
 # LANES="graphs models_graphs;fp8ckpt kernels" runs lane i on GPU i (CUDA_VISIBLE_DEVICES=i),
@@ -48,6 +50,7 @@ declare -A SUITES=([kernels]="tests/kernels vllm_overlay/tests" [fixes]="tests/f
   [graphs_block_major]="tests/models/test_minimax_m3_gpu.py -k 'cudagraphs and float32'"
   [fp8kv]="tests/models/test_minimax_m3_fp8_kv.py" [fp8index]="tests/models/test_minimax_m3_fp8_index.py"
   [fp8ckpt]="tests/models/test_minimax_m3_fp8_dynamic.py"
+  [mxfp8ckpt]="tests/models/test_minimax_m3_mxfp8.py tests/models/test_minimax_m3_mxfp4.py"
   [models_graphs]="tests/models/test_minimax_m3.py -k 'chunked_prefill or preemption or fused_shared or bf16_teacher'"
   [fused_graphs]="tests/models/test_minimax_m3.py -k 'fused_shared or bf16_teacher'"
   [parity_block_major]="tests/models/test_minimax_m3.py -k 'bf16_teacher or chunked_prefill'"
