@@ -425,3 +425,28 @@ def test_mxfp8_checkpoint_matches_transformers_on_dequantized_weights(src, tmp_p
         ref_engine = (_prompt_lps(run("deq", deq)) - ref32).abs().mean().item()
         print(f"dequantized bf16 checkpoint, same kv: mean |diff| {ref_engine:.4f}")
         assert err <= BF16_REL * ref_engine + BF16_ABS, (err, ref_engine)
+
+
+def test_fp8_dtype_mismatch_messages():
+    """Both directions of a quantized/unquantized mismatch are refused by name."""
+    from vllm.models.minimax_m3.common.model import _check_fp8_dtype, _mxfp8_tensor
+
+    fp8_param = torch.zeros(4, 32, dtype=torch.float8_e4m3fn)
+    bf16_param = torch.zeros(4, 32, dtype=torch.bfloat16)
+    _check_fp8_dtype(fp8_param, "a.weight", torch.zeros(4, 32, dtype=torch.float8_e4m3fn))
+    _check_fp8_dtype(bf16_param, "a.weight", torch.zeros(4, 32))
+    _check_fp8_dtype(bf16_param, "a.weight_scale", torch.zeros(4, 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="'x.o_proj.weight' is torch.bfloat16 but its layer "
+                                         "expects torch.float8_e4m3fn"):
+        _check_fp8_dtype(fp8_param, "x.o_proj.weight", torch.zeros(4, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="built unquantized"):
+        _check_fp8_dtype(bf16_param, "x.o_proj.weight",
+                         torch.zeros(4, 32, dtype=torch.float8_e4m3fn))
+    s = torch.full((4, 1), 127, dtype=torch.uint8)
+    assert _mxfp8_tensor("x.o_proj.weight_scale_inv", s)[0] == "x.o_proj.weight_scale"
+    assert _mxfp8_tensor("x.o_proj.weight", s)[0] == "x.o_proj.weight"
+    if hasattr(torch, "float8_e8m0fnu"):
+        name, t = _mxfp8_tensor("x.weight_scale_inv", s.view(torch.float8_e8m0fnu))
+        assert t.dtype == torch.uint8 and torch.equal(t, s)
+    with pytest.raises(ValueError, match="stores E8M0 exponents as uint8"):
+        _mxfp8_tensor("x.weight_scale_inv", torch.ones(4, 1))
