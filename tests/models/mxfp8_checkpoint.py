@@ -177,3 +177,26 @@ def dequantize_checkpoint(src: str, dst: str, dtype: torch.dtype = torch.float32
     with open(os.path.join(dst, "config.json"), "w") as fh:
         json.dump(cfg, fh, indent=2)
     return dst
+
+
+def vary_rows(src: str, dst: str, pattern=TARGET_RE, max_factor: float = 8.0,
+              seed: int = 3) -> str:
+    """Copy of checkpoint ``src`` whose weights matching ``pattern`` have their
+    rows scaled by log-uniform factors in [1/max_factor, max_factor] (so that
+    rows' scales differ and a misplaced scale row shows)."""
+    import math
+
+    from safetensors.torch import save_file
+
+    tensors = _load(src, dst)
+    shutil.copy(os.path.join(src, "config.json"), dst)
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for n, w in sorted(tensors.items()):
+        if pattern.match(n):
+            f = torch.exp((torch.rand(w.shape[0], 1, generator=g) * 2 - 1)
+                          * math.log(max_factor))
+            w = (w.float() * f).to(w.dtype)
+        out[n] = w.contiguous()
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return dst

@@ -35,9 +35,7 @@ expert scale rows are reversed must fail the auto-KV criterion.
 """
 
 import json
-import math
 import os
-import shutil
 
 import pytest
 import torch
@@ -45,7 +43,8 @@ import torch
 from minimax_m3_utils import (build_checkpoint, fp8_kv_engines_run_here, hf_token_logprobs,
                               read_checkpoint, run_vllm)
 from mxfp8_checkpoint import (MX_BLOCK, ROUTER_RE, TARGET_RE, convert_to_mxfp8,
-                              dequantize_checkpoint, dequantize_mxfp8, quantize_mxfp8)
+                              dequantize_checkpoint, dequantize_mxfp8, quantize_mxfp8,
+                              vary_rows)
 
 pytest.importorskip("transformers.models.minimax_m3_vl")
 
@@ -94,30 +93,11 @@ def _prompts():
     return [torch.randint(3, 500, (n,), generator=g).tolist() for n in PROMPT_LENS]
 
 
-def _vary_rows(path, dst, max_factor=8.0, seed=3):
-    """Copy of a checkpoint whose targeted linears' rows are scaled by
-    log-uniform factors in [1/max_factor, max_factor] (so that rows' E8M0
-    scales differ and a misplaced scale row shows)."""
-    from safetensors.torch import save_file
-
-    shutil.copytree(path, dst, ignore=shutil.ignore_patterns("*.safetensors*"))
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for n, w in sorted(read_checkpoint(path).items()):
-        if TARGET_RE.match(n):
-            f = torch.exp((torch.rand(w.shape[0], 1, generator=g) * 2 - 1)
-                          * math.log(max_factor))
-            w = (w.float() * f).to(w.dtype)
-        out[n] = w.contiguous()
-    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
-    return dst
-
-
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
     d = tmp_path_factory.mktemp("m3mxfp8")
     base = build_checkpoint(str(d / "base"), **MXFP8_TEXT)
-    return {"dir": d, "path": _vary_rows(base, str(d / "src"))}
+    return {"dir": d, "path": vary_rows(base, str(d / "src"))}
 
 
 # ------------------------------------------------------------ generator format
