@@ -380,9 +380,10 @@ def _mxfp8_platform_error(e: Exception) -> ValueError:
     from vllm.platforms import current_platform
 
     where = "CPU" if current_platform.is_cpu() else current_platform.device_name
+    why = " ".join(str(e).split()).rstrip(":.")
     return ValueError(
         f"MiniMax-M3: this MXFP8 checkpoint (the {MXFP8_CHECKPOINT} format: E4M3 "
-        f"weights, E8M0 scales per 32 inputs) cannot be served on {where}: {e}. "
+        f"weights, E8M0 scales per 32 inputs) cannot be served on {where} ({why}). "
         "vLLM 0.23 runs MXFP8 linears and experts with Marlin on NVIDIA GPUs "
         "(sm_80 and newer, e.g. the H200), FlashInfer on sm_100, or XPU kernels; "
         f"its CPU build has none. Serve it on such a GPU, or serve {BF16_CHECKPOINT} "
