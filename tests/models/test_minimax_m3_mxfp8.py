@@ -430,3 +430,40 @@ def test_fp8_dtype_mismatch_messages():
         assert t.dtype == torch.uint8 and torch.equal(t, s)
     with pytest.raises(ValueError, match="stores E8M0 exponents as uint8"):
         _mxfp8_tensor("x.weight_scale_inv", torch.ones(4, 1))
+
+
+@pytest.mark.parametrize("case", ["mx_marlin", "mx_trtllm", "block_rows", "no_block_size"])
+def test_gate_up_layout_check_for_mx_scales(case):
+    """The layer-build check that the gate/up row interleave fits the experts'
+    tensors: MX scales [E, 2I, H / 32] (blocks [1, 32]) fit with Marlin; a
+    backend that reorders rows itself or blocks of several rows do not."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from vllm.model_executor.layers.fused_moe import FusedMoeWeightScaleSupported
+    from vllm.model_executor.layers.fused_moe.oracle.fp8 import Fp8MoeBackend
+    from vllm.models.minimax_m3.common.layers import _gate_up_layout_problem
+
+    e, inter, hidden = 2, 64, 128
+    block = {"block_rows": [16, 16]}.get(case, [1, 32])
+    experts = nn.Module()
+    rows = 2 * inter // block[0]
+    experts.register_parameter("w13_weight", nn.Parameter(
+        torch.zeros(e, 2 * inter, hidden, dtype=torch.float8_e4m3fn), requires_grad=False))
+    scale = nn.Parameter(torch.zeros(e, rows, hidden // block[1], dtype=torch.uint8),
+                         requires_grad=False)
+    scale.quant_method = FusedMoeWeightScaleSupported.BLOCK.value
+    experts.register_parameter("w13_weight_scale", scale)
+    backend = Fp8MoeBackend.FLASHINFER_TRTLLM if case == "mx_trtllm" else Fp8MoeBackend.MARLIN
+    experts.quant_method = SimpleNamespace(
+        mxfp8_backend=backend, weight_block_size=None if case == "no_block_size" else block)
+    experts.moe_config = SimpleNamespace(intermediate_size_per_partition=inter)
+    experts.tp_size = 1
+    why = _gate_up_layout_problem(experts, inter)
+    if case in ("mx_marlin", "no_block_size"):
+        assert why is None
+    elif case == "mx_trtllm":
+        assert "lays out gate and up rows itself" in why
+    else:
+        assert "holds block scales" in why
