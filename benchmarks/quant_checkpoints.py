@@ -117,6 +117,9 @@ def build_bf16(args, root: str) -> dict[str, str]:
             json.dump(c, fh, indent=2)
         dirs[fmt] = d
         del tensors
+    linears.clear()
+    if torch.cuda.is_available():  # hand the build's memory back before the engines start
+        torch.cuda.empty_cache()
     return dirs
 
 
