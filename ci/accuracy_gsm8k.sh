@@ -23,6 +23,7 @@
 #   NUM_FEWSHOT=8        LIMIT= (examples per task; empty = the whole test split)
 #   OUT=out/accuracy     report directory
 #   TP=4                 --tensor-parallel-size in the default serve flags
+#   KV_CACHE_DTYPE=fp8   --kv-cache-dtype in the default serve flags (auto: the seeds' runs without FP8 KV)
 #   SERVE_FLAGS='...'    replaces the default serve flags (one shell-quoted string), e.g. for CPU
 #   VLLM=vllm            server command       LM_EVAL=lm_eval   client command
 #   NUM_CONCURRENT=32 MAX_RETRIES=3 MAX_GEN_TOKS=256 MAX_LENGTH=32768 REQUEST_TIMEOUT=600
@@ -32,7 +33,7 @@
 set -uo pipefail
 
 if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 MODEL=$1; shift
@@ -45,6 +46,7 @@ NUM_FEWSHOT=${NUM_FEWSHOT:-8}
 LIMIT=${LIMIT:-}
 OUT=${OUT:-out/accuracy}
 TP=${TP:-4}
+KV_CACHE_DTYPE=${KV_CACHE_DTYPE:-fp8}
 VLLM=${VLLM:-vllm}
 LM_EVAL=${LM_EVAL:-lm_eval}
 PYTHON=${PYTHON:-python3}
@@ -63,7 +65,7 @@ DEFAULT_SERVE_FLAGS=(
   --dtype auto --load-format auto
   --gpu-memory-utilization 0.85
   --max-model-len 32768 --max-num-batched-tokens 32768
-  --block-size 128 --kv-cache-dtype fp8
+  --block-size 128 --kv-cache-dtype "$KV_CACHE_DTYPE"
   --no-enable-prefix-caching --enable-chunked-prefill
   --language-model-only --no-trust-remote-code
   --compilation-config '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'

@@ -14,10 +14,19 @@ Two on-disk forms exist and both load here:
 transformers (>= 5.17) ships ``MiniMaxM3VLConfig``; we subclass it, keep the
 legacy keys it does not model (init blocks, score type, index value path,
 activation name), and validate what vLLM's implementation relies on.
+
+Quantization: the released MXFP8 checkpoint declares ``quantization_config =
+{"quant_method": "mxfp8", "activation_scheme": "dynamic", "weight_block_size":
+[1, 32]}`` (plus an optional ignore list). In vLLM 0.23 the name ``mxfp8``
+means online quantization of a full-precision checkpoint, so the top-level
+config rewrites that declaration into vLLM's ModelOpt MXFP8 form
+(``modelopt_mxfp8``: E4M3 weights, uint8 E8M0 scales per 32 inputs) whenever
+it is set (``normalize_quantization_config``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 try:
@@ -155,6 +164,76 @@ def _legacy_extras(kwargs: dict) -> dict:
     return out
 
 
+# What the released MXFP8 checkpoint leaves in full precision besides what
+# this model builds unquantized anyway (embeddings, norms, router gates): the
+# LM head and the vision parts. Added to the checkpoint's own ignore list.
+MXFP8_ALWAYS_UNQUANTIZED = (
+    "lm_head",
+    "*block_sparse_moe.gate",
+    "vision_tower*",
+    "multi_modal_projector*",
+    "patch_merge_mlp*",
+)
+MXFP8_BLOCK = [1, 32]
+# key kept in the rewritten config: the checkpoint's own declaration
+MXFP8_SOURCE_KEY = "minimax_m3_mxfp8"
+
+
+def _ignore_entry(name: str) -> str:
+    """An ignore-list entry in transformers' module naming mapped onto the
+    released one (the model's mapper handles prefixes and the indexer)."""
+    name = re.sub(r"\.mlp\.gate$", ".block_sparse_moe.gate", name)
+    return re.sub(r"\.mlp\.experts(\.|$)", r".block_sparse_moe.experts\1", name)
+
+
+def normalize_quantization_config(qc: Any) -> Any:
+    """MiniMax-M3's ``quant_method: mxfp8`` checkpoint declaration as vLLM's
+    ModelOpt MXFP8 config dict (resolved to ``modelopt_mxfp8``); any other
+    value is returned unchanged. Raises ValueError for an MXFP8 declaration
+    this model cannot serve."""
+    if not isinstance(qc, dict) or str(qc.get("quant_method", "")).lower() != "mxfp8":
+        return qc
+    block = qc.get("weight_block_size", MXFP8_BLOCK)
+    if block is None or list(block) != MXFP8_BLOCK:
+        raise _bad(
+            f"quantization_config.weight_block_size {block} is not supported for "
+            f"quant_method 'mxfp8'; MiniMax-M3-MXFP8 uses {MXFP8_BLOCK} (one E8M0 "
+            "scale per 32 inputs of a row)."
+        )
+    act = qc.get("activation_scheme", "dynamic")
+    if act not in (None, "dynamic"):
+        raise _bad(
+            f"quantization_config.activation_scheme {act!r} is not supported for "
+            "quant_method 'mxfp8'; MiniMax-M3-MXFP8 uses 'dynamic' (no activation "
+            "scales in the checkpoint)."
+        )
+    for key, want in (("fmt", "e4m3"), ("scale_fmt", "ue8m0")):
+        if qc.get(key) not in (None, want):
+            raise _bad(
+                f"quantization_config.{key} {qc[key]!r} is not supported for "
+                f"quant_method 'mxfp8'; expected {want!r}."
+            )
+    ignore = qc.get("ignored_layers")
+    if ignore is None:
+        ignore = qc.get("modules_to_not_convert") or []
+    if isinstance(ignore, str):
+        ignore = [ignore]
+    if not isinstance(ignore, list) or not all(isinstance(n, str) for n in ignore):
+        raise _bad(
+            "quantization_config.ignored_layers must be a list of module names, "
+            f"got {ignore!r}."
+        )
+    names = [_ignore_entry(n) for n in ignore]
+    names += [n for n in MXFP8_ALWAYS_UNQUANTIZED if n not in names]
+    return {
+        "quant_method": "modelopt",
+        "quant_algo": "MXFP8",
+        "ignore": names,
+        "kv_cache_scheme": None,
+        MXFP8_SOURCE_KEY: dict(qc),
+    }
+
+
 if _HF_IMPORT_ERROR is None:
 
     class MiniMaxM3TextConfig(_HFMiniMaxM3VLTextConfig):
@@ -192,6 +271,11 @@ if _HF_IMPORT_ERROR is None:
                 )
             validate_minimax_m3_text_config(self)
 
+        def __setattr__(self, name, value):
+            if name == "quantization_config":
+                value = normalize_quantization_config(value)
+            super().__setattr__(name, value)
+
     class MiniMaxM3VLConfig(_HFMiniMaxM3VLConfig):
         """Top-level ``minimax_m3_vl`` config using the validated text part."""
 
@@ -206,6 +290,14 @@ if _HF_IMPORT_ERROR is None:
         def __post_init__(self, **kwargs):
             self.text_config = _as_text_config(self.text_config)
             super().__post_init__(**kwargs)
+
+        def __setattr__(self, name, value):
+            # vLLM sets quantization_config again from config.json after
+            # construction (transformers_utils.config.get_config): rewrite
+            # it on every assignment.
+            if name == "quantization_config":
+                value = normalize_quantization_config(value)
+            super().__setattr__(name, value)
 
     def _as_text_config(tc: Any) -> MiniMaxM3TextConfig:
         """``text_config`` (dict, None or a config object) as our validated

@@ -41,11 +41,15 @@ and hands FusedMoE's loader the pair from ``interleave_gate_up_rows``, so the
 rows land interleaved on every TP rank. That happens on the checkpoint
 tensors, before any quant method's ``process_weights_after_loading`` (which
 may repack or requantize), and applies to the weight and to per-channel
-scales alike: unquantized experts and per-channel FP8 checkpoints
-(compressed-tensors FP8-dynamic) are served. Other expert schemes are
-refused when the layer is built (``_check_gate_up_layout``): block FP8 and
-per-shard tensor scales (one scale would cover rows of both gate and up after
-interleaving) and MX / packed layouts (not handled yet).
+scales alike: unquantized experts, per-channel FP8 checkpoints
+(compressed-tensors FP8-dynamic) and MX checkpoints whose scales group inputs
+of one row only (MXFP8 E8M0 scales [rows, K / 32], MiniMax-M3-MXFP8 through
+vLLM's ModelOpt MXFP8 Marlin experts; Quark OCP MXFP4) are served. Other
+expert schemes are refused when the layer is built (``_check_gate_up_layout``):
+block FP8 whose blocks span several rows and per-shard tensor scales (one
+scale would cover rows of both gate and up after interleaving), transposed
+or padded layouts, and MXFP8 MoE backends other than Marlin (FlashInfer
+TRT-LLM reorders gate/up rows itself).
 """
 
 import torch
@@ -257,6 +261,14 @@ def _gate_up_layout_problem(experts, intermediate_size: int) -> str | None:
     if "w13_weight" not in params:
         names = sorted(k for k in params if k.startswith("w13"))
         return f"its w13 tensors {names} are packed or transposed"
+    backend = getattr(method, "mxfp8_backend", None)
+    if backend is not None and getattr(backend, "name", str(backend)) != "MARLIN":
+        return (f"its MXFP8 MoE backend {getattr(backend, 'value', backend)} lays out "
+                "gate and up rows itself (only Marlin takes them as loaded)")
+    block = getattr(method, "weight_block_size", None)
+    row_groups = (FusedMoeWeightScaleSupported.CHANNEL.value,
+                  FusedMoeWeightScaleSupported.GROUP.value,
+                  FusedMoeWeightScaleSupported.BLOCK.value)
     for name, p in params.items():
         if not name.startswith("w13"):
             continue
@@ -264,9 +276,12 @@ def _gate_up_layout_problem(experts, intermediate_size: int) -> str | None:
         kind = getattr(p, "quant_method", None)
         if name == "w13_weight" and per_row:
             continue
-        if (name == "w13_weight_scale" and per_row
-                and kind == FusedMoeWeightScaleSupported.CHANNEL.value):
-            continue  # per-channel: one scale per row, moves with its row
+        if (name == "w13_weight_scale" and per_row and kind in row_groups
+                and (kind != FusedMoeWeightScaleSupported.BLOCK.value
+                     or block is None or block[0] == 1)):
+            # per-channel, or groups of inputs within one row (MX [1, 32]):
+            # one scale row per weight row, moves with its row
+            continue
         if name == "w13_input_scale" and p.dim() == 1:
             continue  # one activation scale per expert: no rows
         if kind == FusedMoeWeightScaleSupported.BLOCK.value:
@@ -290,10 +305,11 @@ def _check_gate_up_layout(experts, intermediate_size: int) -> None:
             f"{experts.quant_method.__class__.__name__}: {why}. vLLM's swigluoai "
             "experts need w13's gate and up rows interleaved, which this model "
             "does row by row on the checkpoint tensors; supported are unquantized "
-            "experts and per-channel FP8 checkpoints (compressed-tensors "
-            "FP8-dynamic, as MiniMax-M3-FP8-dynamic). Block-quantized FP8 and MX "
-            "(MXFP8/MXFP4) expert checkpoints are not supported yet: serve the BF16 "
-            "or a per-channel FP8 checkpoint instead."
+            "experts, per-channel FP8 checkpoints (compressed-tensors FP8-dynamic, "
+            "as MiniMax-M3-FP8-dynamic) and MX checkpoints with one scale row per "
+            "weight row (MiniMax-M3-MXFP8 on vLLM's Marlin MXFP8 experts). "
+            "Block-quantized FP8 with blocks of several rows is not supported: "
+            "serve the BF16, MXFP8 or a per-channel FP8 checkpoint instead."
         )
 
 

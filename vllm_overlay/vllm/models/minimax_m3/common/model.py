@@ -35,6 +35,20 @@ are loaded as a pair with their rows interleaved (see ``layers.py``). FP8
 KV-cache scales (``self_attn.k_scale`` / ``v_scale`` and the other namings
 vLLM knows) load into dense layers' attention as in any vLLM model and into
 sparse layers' scalar ``_k_scale`` / ``_v_scale``.
+
+MiniMax-M3-MXFP8 (``quant_method: mxfp8``, rewritten to vLLM's ModelOpt MXFP8
+config by the model config, see ``transformers_utils/configs/minimax_m3.py``):
+E4M3 ``<name>.weight`` with uint8 E8M0 ``<name>.weight_scale_inv`` [out, K / 32]
+for attention, the indexer projections, dense MLPs, shared and routed experts.
+``weight_scale_inv`` is loaded as ModelOpt's ``weight_scale`` (same values:
+E8M0 exponents), expert gate/up scale rows are interleaved with their weight
+rows. vLLM runs it with Marlin (weights MXFP8, activations bf16) on NVIDIA
+sm_80+; without an MXFP8 kernel (CPU) the model refuses to build, naming the
+checkpoint. A float8 tensor for an unquantized layer, or a full-precision one
+for a quantized layer (an ignore list that does not match the file), is
+refused while loading. Quark OCP MX checkpoints (amd/MiniMax-M3-MXFP4) are
+refused on CPU (vLLM's MX MoE emulation is Triton) and need ``amd-quark`` for
+the emulation on NVIDIA GPUs.
 """
 
 import re
@@ -257,6 +271,45 @@ class MiniMaxM3Model(nn.Module):
         return self.norm(hidden)
 
 
+def _check_fp8_dtype(param: torch.Tensor, name: str, w: torch.Tensor) -> None:
+    """A weight's float8-ness must match its parameter's: a mismatch means
+    the quantization config (its ignore list) does not describe the file, and
+    the loader's copy would silently cast."""
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    if not name.endswith(".weight") or (param.dtype in fp8) == (w.dtype in fp8):
+        return
+    if w.dtype in fp8:
+        raise ValueError(
+            f"MiniMax-M3: checkpoint tensor {name!r} is {w.dtype} but its layer "
+            f"was built unquantized ({param.dtype}): the checkpoint's "
+            "quantization_config excludes it (ignore list / ignored_layers) although "
+            "the file holds quantized weights. Fix the config's ignore list."
+        )
+    raise ValueError(
+        f"MiniMax-M3: checkpoint tensor {name!r} is {w.dtype} but its layer expects "
+        f"{param.dtype} weights (quantized per the checkpoint's quantization_config). "
+        "If the file leaves this layer unquantized, list it in the config's ignore "
+        "list (ignored_layers)."
+    )
+
+
+def _mxfp8_tensor(name: str, w: torch.Tensor) -> tuple[str, torch.Tensor]:
+    """A MiniMax-M3-MXFP8 tensor as vLLM's ModelOpt MXFP8 parameters take it:
+    ``weight_scale_inv`` (E8M0 exponents, despite the name) -> ``weight_scale``
+    in uint8."""
+    if not name.endswith(".weight_scale_inv"):
+        return name, w
+    e8m0 = getattr(torch, "float8_e8m0fnu", None)
+    if e8m0 is not None and w.dtype == e8m0:
+        w = w.view(torch.uint8)
+    if w.dtype != torch.uint8:
+        raise ValueError(
+            f"MiniMax-M3: MXFP8 scale {name!r} is {w.dtype}; MiniMax-M3-MXFP8 "
+            "stores E8M0 exponents as uint8 (or float8_e8m0fnu), one per 32 inputs."
+        )
+    return name[: -len("_inv")], w
+
+
 def _load_param(params: dict, target: str, name: str, w: torch.Tensor) -> None:
     """Load checkpoint tensor ``name`` into parameter ``target`` with its loader."""
     if target not in params:
@@ -265,7 +318,77 @@ def _load_param(params: dict, target: str, name: str, w: torch.Tensor) -> None:
             "parameter in vLLM's model."
         )
     param = params[target]
+    _check_fp8_dtype(param, name, w)
     getattr(param, "weight_loader", default_weight_loader)(param, w)
+
+
+def _is_mxfp8(quant_config) -> bool:
+    return quant_config is not None and quant_config.get_name() == "modelopt_mxfp8"
+
+
+MXFP8_CHECKPOINT = "MiniMaxAI/MiniMax-M3-MXFP8"
+MXFP4_CHECKPOINT = "amd/MiniMax-M3-MXFP4"
+BF16_CHECKPOINT = "MiniMaxAI/MiniMax-M3"
+_OCP_MX_DTYPES = ("fp4", "fp6_e3m2", "fp6_e2m3")
+
+
+def _quark_ocp_mx(quant_config) -> bool:
+    """Whether a Quark config quantizes some weights to OCP MX (MXFP4/6)."""
+    if quant_config is None or quant_config.get_name() != "quark":
+        return False
+
+    def walk(x) -> bool:
+        if isinstance(x, dict):
+            w = x.get("weight")
+            if isinstance(w, dict) and w.get("dtype") in _OCP_MX_DTYPES:
+                return True
+            return any(walk(v) for v in x.values())
+        if isinstance(x, list):
+            return any(walk(v) for v in x)
+        return False
+
+    return walk(getattr(quant_config, "quant_config", None))
+
+
+def _check_mx_platform(quant_config) -> None:
+    """Refuse Quark OCP MX checkpoints where vLLM 0.23 cannot run them."""
+    import importlib.util
+
+    from vllm.platforms import current_platform
+
+    if not _quark_ocp_mx(quant_config):
+        return
+    if current_platform.is_cpu():
+        raise ValueError(
+            f"MiniMax-M3: this Quark OCP MX checkpoint (the {MXFP4_CHECKPOINT} format: "
+            "MXFP4 weights and dynamic MXFP4 activations on the experts) cannot run "
+            "on CPU: vLLM 0.23's MX MoE has no CPU kernel (its emulation runs "
+            f"Triton GPU kernels). On CPU serve the BF16 checkpoint {BF16_CHECKPOINT}; "
+            "serve this one on a GPU."
+        )
+    if current_platform.is_cuda() and importlib.util.find_spec("quark") is None:
+        raise ValueError(
+            f"MiniMax-M3: this Quark OCP MX checkpoint (the {MXFP4_CHECKPOINT} format) "
+            "runs emulated on NVIDIA GPUs (MXFP4 dequantized to bf16 on the fly, "
+            "activations quantize-dequantized), which needs the amd-quark package: "
+            f"pip install amd-quark. Or serve {MXFP8_CHECKPOINT} (native Marlin "
+            "MXFP8) or the BF16 checkpoint instead."
+        )
+
+
+def _mxfp8_platform_error(e: Exception) -> ValueError:
+    from vllm.platforms import current_platform
+
+    where = "CPU" if current_platform.is_cpu() else current_platform.device_name
+    why = " ".join(str(e).split()).rstrip(":.")
+    return ValueError(
+        f"MiniMax-M3: this MXFP8 checkpoint (the {MXFP8_CHECKPOINT} format: E4M3 "
+        f"weights, E8M0 scales per 32 inputs) cannot be served on {where} ({why}). "
+        "vLLM 0.23 runs MXFP8 linears and experts with Marlin on NVIDIA GPUs "
+        "(sm_80 and newer, e.g. the H200), FlashInfer on sm_100, or XPU kernels; "
+        f"its CPU build has none. Serve it on such a GPU, or serve {BF16_CHECKPOINT} "
+        "(BF16) here."
+    )
 
 
 def _text_config(vllm_config: VllmConfig):
@@ -305,9 +428,16 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         self.fuse_shared_expert = fuse_shared_expert_enabled(
             config, vllm_config.model_config.hf_config
         )
-        self.model = MiniMaxM3Model(
-            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
-        )
+        self.mxfp8 = _is_mxfp8(vllm_config.quant_config)
+        _check_mx_platform(vllm_config.quant_config)
+        try:
+            self.model = MiniMaxM3Model(
+                vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
+            )
+        except ValueError as e:  # no MXFP8 linear / MoE kernel on this platform
+            if self.mxfp8 and "MXFP8" in str(e):
+                raise _mxfp8_platform_error(e) from e
+            raise
         self.lm_head = ParallelLMHead(
             config.vocab_size,
             config.hidden_size,
@@ -372,6 +502,8 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         ):
             if name.startswith(_SKIPPED_PREFIXES) or "rotary_emb.inv_freq" in name:
                 continue
+            if self.mxfp8:
+                name, w = _mxfp8_tensor(name, w)
             if self.config.tie_word_embeddings and name.startswith("lm_head."):
                 continue
             if name.endswith(_KV_SCALE_SUFFIXES):
@@ -407,6 +539,7 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
                         continue
                     name = name.replace(f".{shard_name}.", f".{param_name}.")
                     param = params[name]
+                    _check_fp8_dtype(param, name, w)
                     param.weight_loader(param, w, shard_id)
                     break
                 else:
@@ -434,6 +567,7 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         scales) wait for their partner and are loaded as the pair that leaves
         w13's rows interleaved (``MiniMaxM3MoE.interleave_gate_up``)."""
         param = params[pname]
+        _check_fp8_dtype(param, f"{pname}.{suffix}" if suffix == "weight" else pname, w)
         if shard_id not in ("w1", "w3") or suffix not in _GATE_UP_ROW_SUFFIXES:
             param.weight_loader(param, w, pname, shard_id=shard_id, expert_id=expert_id)
             return
