@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Driver: the model directory, one process per side, the report (see __init__)."""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+from .model import write_model_dir
+
+SIDES = {"A": "upstream", "B": "series"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.engine_ab")
+    p.add_argument("--out", required=True)
+    p.add_argument("--layers", type=int, default=4, help="1 dense + (layers-1) MSA/MoE layers")
+    p.add_argument("--sides", default="A,B")
+    p.add_argument("--smoke", action="store_true", help="tiny fp32 shapes on the CPU")
+    p.add_argument("--timeout", type=int, default=420, help="seconds per side")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    model = write_model_dir(os.path.join(args.out, "model"), args.layers, args.smoke)
+    results = os.path.join(args.out, "engine_ab.json")
+    meta = {"date": datetime.date.today().isoformat(), "layers": args.layers,
+            "smoke": args.smoke, "sides": {}}
+    for side in args.sides.split(","):
+        env = dict(os.environ, VLLM_MINIMAX_M3_MSA=SIDES[side], VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        rows_path = os.path.join(args.out, f"side-{side}.json")
+        cmd = [sys.executable, "-m", "benchmarks.engine_ab.side", "--model", model,
+               "--rows", rows_path] + (["--smoke"] if args.smoke else [])
+        with open(os.path.join(args.out, f"side-{side}.log"), "w") as log:
+            try:
+                rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=args.timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        rows = json.load(open(rows_path)) if os.path.exists(rows_path) else {}
+        meta["sides"][side] = {"msa": SIDES[side], "rc": rc, "rows": rows}
+        json.dump(meta, open(results, "w"), indent=1)
+    from .report import write_report
+    write_report(meta, os.path.join(args.out, "engine_ab.md"))
+    print(open(os.path.join(args.out, "engine_ab.md")).read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

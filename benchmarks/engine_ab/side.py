@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One side of the engine A/B: an ``LLM`` over the model directory, the rows timed
+in order, each written to ``--rows`` as soon as it is measured."""
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+
+def _prompts(n: int, length: int, vocab: int, rng: random.Random) -> list[dict]:
+    """Fresh random prompts (no two share a prefix, nothing is cached)."""
+    return [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]}
+            for _ in range(n)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--rows", required=True)
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args()
+    rows: dict = {}
+
+    def record(name, value):
+        rows[name] = value
+        json.dump(rows, open(args.rows, "w"), indent=1)
+        print(f"ROW {name} = {value}", flush=True)
+
+    from vllm import LLM, SamplingParams
+
+    smoke = args.smoke
+    kw = dict(dtype="float32", enforce_eager=True, max_model_len=4096,
+              max_num_batched_tokens=512, gpu_memory_utilization=0.3,
+              kv_cache_memory_bytes=256 << 20) if smoke else dict(
+        dtype="bfloat16", kv_cache_dtype="fp8", max_model_len=40960,
+        max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
+        compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"})
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model, load_format="dummy", block_size=128, skip_tokenizer_init=True,
+              language_model_only=True, enable_prefix_caching=False,
+              enable_chunked_prefill=True, max_num_seqs=32, seed=0, **kw)
+    record("engine_start_s", round(time.perf_counter() - t0, 2))
+    vocab = 512 if smoke else 32000
+    rng = random.Random(0)
+    ctx, long_ctx = (1024, 2048) if smoke else (8192, 32768)
+
+    def timed(prompts, max_tokens):
+        sp = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=0.0,
+                            ignore_eos=True, detokenize=False)
+        t = time.perf_counter()
+        llm.generate(prompts, sp, use_tqdm=False)
+        return time.perf_counter() - t
+
+    timed(_prompts(1, 1000 if not smoke else 200, vocab, rng), 4)          # warm-up
+    record(f"prefill_1x{ctx}_first_s", round(timed(_prompts(1, ctx, vocab, rng), 1), 4))
+    record(f"prefill_1x{ctx}_repeat_s", round(timed(_prompts(1, ctx, vocab, rng), 1), 4))
+    record(f"prefill_4x{ctx}_s", round(statistics.median(
+        timed(_prompts(4, ctx, vocab, rng), 1) for _ in range(3)), 4))
+    record(f"prefill_1x{long_ctx}_s", round(statistics.median(
+        timed(_prompts(1, long_ctx, vocab, rng), 1) for _ in range(2)), 4))
+    for batch, steps in ((1, 8), (4, 4)) if smoke else ((1, 128), (32, 64)):
+        per_step = []
+        for _ in range(3 if batch == 1 else 1):
+            prompts = _prompts(batch, ctx, vocab, rng)
+            one = timed(prompts, 1)
+            prompts = _prompts(batch, ctx, vocab, rng)
+            many = timed(prompts, steps + 1)
+            per_step.append((many - one) / steps * 1e3)
+        record(f"decode_b{batch}_at_{ctx}_ms_per_step", round(statistics.median(per_step), 3))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GPU job: the v0.26.0 flavor's engine A/B (benchmarks/engine_ab: upstream's MSA kernels
+# against the series' on one install), in one call, on the GPU machine after
+#   bash .gpu/recv.sh install && . /tmp/gpu-env.sh
+# with the flavor's CUDA wheel packed by ../shared/gpu/pack.sh and, as its extra folder,
+# a wheels/ folder of what v0.26.0 needs beyond the bundle (flashinfer-python 0.6.14,
+# nvidia-cutlass-dsl 4.6.0 + libs, quack-kernels, cuda-tile, cudnn-frontend,
+# torch-c-dlpack-ext, nvtx, humming-kernels, ninja; docs/gpu-validation.md).
+# Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,side-*.log} and $OUT/engine_ab/env.md.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT/engine_ab"
+EXTRA=${EXTRA:-/tmp/gpu-extra}
+if [ -d "$EXTRA/wheels" ] && [ ! -f /tmp/site26x/.ok ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site26x "$EXTRA"/wheels/*.whl \
+    && touch /tmp/site26x/.ok
+fi
+export PYTHONPATH=/tmp/site26x${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+{
+  echo "date: $(date -u +%F)"
+  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+  echo "commit: ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  python3 -c "import vllm, torch, triton; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"
+} | tee "$OUT/engine_ab/env.md"
+python3 -m benchmarks.engine_ab --out "$OUT/engine_ab" --layers "${LAYERS:-4}" \
+  --sides "${SIDES:-A,B}" --timeout "${SIDE_TIMEOUT:-250}"
