@@ -325,7 +325,8 @@ def block_sparse_attention(
         merges them (arrival counters in a persistent buffer): no merge launch.
       token_tile: > 1 runs ``sparse_attn_tiled``: one program per this many
         consecutive tokens and KV head, reading each distinct selected block
-        of the tile once (for prefill chunks; no context splits).
+        of the tile once (for prefill chunks; no context splits); at most
+        ``ROCM_MAX_TOKEN_TILE`` on ROCm.
       tile_start: with ``token_tile`` or ``block_major``, tokens before this
         index (a batch's decode tokens, which share few blocks with their
         neighbours) run one per program as without it; the tiles start here.
