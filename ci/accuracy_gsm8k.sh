@@ -197,6 +197,9 @@ stop_server
 # ---------------------------------------------------------------- report
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L > /dev/null 2>&1; then
   MACHINE="$(nvidia-smi -L | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+elif command -v rocm-smi > /dev/null 2>&1 && rocm-smi --showproductname > /dev/null 2>&1; then
+  MACHINE="$(rocm-smi --showproductname | grep -c 'Card [Ss]eries') x $(rocm-smi --showproductname \
+    | sed -n 's/.*Card [Ss]eries:[[:space:]]*//p' | head -1) (ROCm)"
 else
   MACHINE="CPU ($(nproc) cores)"
 fi

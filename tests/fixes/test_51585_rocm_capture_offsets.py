@@ -55,3 +55,27 @@ def test_capture_keeps_cpu_query_offsets(variant):
         assert cpu_kept, "the CPU offsets shared with other builders were zeroed"
     else:
         assert not cpu_kept, "v0.23.0 zeroes the CPU copy; this test must detect that"
+
+
+def test_the_seeds_rocm_backends_build_with_the_fixed_builder():
+    """The seeds' --attention-backend ROCM_AITER_UNIFIED_ATTN (and ROCM_ATTN)
+    build their metadata with the builder this entry fixes; capturing it
+    first, then MiniMax-M3's sparse builder (as a FULL_AND_PIECEWISE capture
+    of a model with dense and sparse layers does) keeps the CPU offsets the
+    other builders read, and the sparse capture its token layout."""
+    from vllm.v1.attention.backends import rocm_attn
+    from vllm.v1.attention.backends.rocm_aiter_unified_attn import (
+        RocmAiterUnifiedAttentionBackend)
+
+    for backend in (RocmAiterUnifiedAttentionBackend, rocm_attn.RocmAttentionBackend):
+        assert backend.get_builder_cls() is rocm_attn.RocmAttentionMetadataBuilder, backend
+
+    sys.path.insert(0, str(REPO / "tests" / "models"))
+    from test_minimax_m3_sparse_metadata import _builder, _metadata
+
+    cm = _metadata([1, 1, 1, 1], [7, 130, 1, 64])
+    rocm_attn.RocmAttentionMetadataBuilder.build_for_cudagraph_capture(
+        SimpleNamespace(build=lambda _, c: SimpleNamespace(seq_lens=c.seq_lens)), cm)
+    assert torch.equal(cm.query_start_loc_cpu, torch.arange(5, dtype=torch.int32))
+    md = _builder().build_for_cudagraph_capture(cm)
+    assert md.token_req.tolist() == [0, 1, 2, 3] and md.token_pos.tolist() == [0, 0, 0, 0]

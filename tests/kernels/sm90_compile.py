@@ -4,7 +4,8 @@ Triton's front end, its GPU passes, PTX and ``ptxas`` (shipped in the triton
 wheel), for every KV scale mode and the launch variants the engine uses.
 The interpreter runs the kernels' Python semantics only; this catches what
 only compilation sees (typing of jit-function returns, layouts, register
-allocation failures).  Run by ``test_minimax_m3_sm90_compile.py`` in a
+allocation failures).  The signature building is ``kernel_compile.py``'s,
+shared with ``rocm_compile.py``.  Run by ``test_minimax_m3_sm90_compile.py`` in a
 process without ``TRITON_INTERPRET``; prints one line per compiled kernel.
 ``SM90_PTX_DIGESTS=FILE`` also writes each kernel's PTX code digest: the
 same digests before and after a refactor mean the same code.
@@ -15,11 +16,7 @@ import sys
 
 assert not os.environ.get("TRITON_INTERPRET"), "run without TRITON_INTERPRET"
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
-
+from kernel_compile import SM90 as TARGET, compile_source, kernel_source  # noqa: E402
 from vllm.models.minimax_m3.common.triton_ops.attention import GROUP_BLOCK  # noqa: E402
 from vllm.models.minimax_m3.common.triton_ops.block_major_group import (  # noqa: E402
     block_major_rank_kernel, block_major_scatter_kernel)
@@ -45,30 +42,10 @@ from vllm.models.minimax_m3.common.triton_ops.sparse_attn_fwd import (  # noqa: 
 from vllm.models.minimax_m3.common.triton_ops.sparse_attn_tiled import (  # noqa: E402
     sparse_attn_tiled_kernel)
 
-TARGET = GPUTarget("cuda", 90, 32)
-
-
-# what a launch specializes on real tensors: 16-byte aligned pointers, and the cache
-# strides (multiples of head_dim, itself a multiple of 16) divisible by 16 -- without
-# it Triton can neither vectorize the paged K/V loads nor make them cp.async copies
-ALIGNED_INTS = ("stride_qt", "stride_qh", "stride_cp", "stride_ckv", "stride_cs", "stride_ch",
-                "stride_kp", "stride_ks")
-
 
 def compile_kernel(kernel, pointers, constexprs, num_warps, num_stages=None, **options):
-    # constexpr parameters left out take their defaults, as at a launch
-    constexprs = dict({p.name: p.default for p in kernel.params
-                       if p.is_constexpr and p.has_default}, **constexprs)
-    sig = {n: ("constexpr" if n in constexprs
-               else pointers.get(n, "fp32" if n == "sm_scale" else "i32"))
-           for n in kernel.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-             if n not in constexprs and (n in pointers or n in ALIGNED_INTS)}
-    source = GluonASTSource if kernel.is_gluon() else ASTSource
-    compiled = triton.compile(source(fn=kernel, signature=sig, constexprs=constexprs,
-                                     attrs=attrs),
-                              target=TARGET, options=dict(
-                                  num_warps=num_warps, num_stages=num_stages or 2, **options))
+    compiled = compile_source(kernel_source(kernel, pointers, constexprs), TARGET, dict(
+        num_warps=num_warps, num_stages=num_stages or 2, **options))
     print(f"  {kernel.fn.__name__}: {resource_usage(compiled.asm['ptx'])}, "
           f"{compiled.metadata.shared} B shared, {f2f_count(compiled.asm['cubin'])} F2F",
           flush=True)

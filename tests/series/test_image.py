@@ -159,3 +159,26 @@ def test_allowed_mismatch_only_warns_at_build_time(applied, tmp_path):
     res = _build_step(p.root.parent / "image", _fake_site(tmp_path, "0.24.1.dev3"))
     assert res.returncode == 0, res.stderr
     assert "warning: the base image" in res.stdout
+
+
+@pytest.mark.parametrize("base", ["rocm/vllm:rocm7.0.0_vllm_0.23.0_20251201",
+                                  "vllm/vllm-openai-rocm:v0.23.0"])
+def test_rocm_image_context(applied, tmp_path, base):
+    """`make image BASE=<a ROCm vLLM image>` (AMD's rocm/vllm, vLLM's
+    vllm-openai-rocm): the same context, FROM that image and labelled with it;
+    AMD's tags carry the vLLM version after the ROCm one, so it is checked at
+    build time, where a ROCm build of the pinned version takes the overlay."""
+    p = applied
+    _image(p, "--base", base, check=True)
+    ctx = p.root.parent / "image"
+    docker = (ctx / "Dockerfile").read_text()
+    assert docker.splitlines()[2] == f"FROM {base}"
+    assert f'org.vllm-m3-series.base-image="{base}"' in docker
+    manifest = json.loads((ctx / "manifest.json").read_text())
+    assert manifest["base_image"] == base and manifest["enforce_version"] is True
+    assert sorted(manifest["files"]) == ["engine.py", "models/m3/__init__.py"]
+    res = _build_step(ctx, _fake_site(tmp_path, "0.23.0+rocm700"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "overlaid 2 files" in res.stdout
+    res = _build_step(ctx, _fake_site(tmp_path, "0.22.1+rocm700"))
+    assert res.returncode != 0 and "pinned to vLLM 0.23.0" in res.stderr

@@ -18,7 +18,7 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
 
 from .backend import MiniMaxM3IndexerBackend, MiniMaxM3SparseBackend
-from .sparse_ops import INDEX_SCALE_BYTES
+from .sparse_ops import FP8_DTYPES, INDEX_SCALE_BYTES
 
 
 def _skips_kv_quant(cache_config: CacheConfig | None, prefix: str) -> bool:
@@ -38,14 +38,24 @@ def _layer_kv_cache_dtype(cache_config: CacheConfig | None, prefix: str) -> str:
     return cache_config.cache_dtype
 
 
+def fp8_cache_dtype() -> torch.dtype:
+    """The FP8 e4m3 dtype of the sparse layers' caches: the platform's
+    (``float8_e4m3fnuz`` on MI300X / MI325X, gfx942; OCP ``float8_e4m3fn``
+    on NVIDIA and MI355X, gfx950)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.fp8_dtype()
+
+
 def _sparse_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype):
-    """K/V cache dtype of a sparse layer: the model dtype or FP8 e4m3."""
+    """K/V cache dtype of a sparse layer: the model dtype or FP8 e4m3
+    (``fp8_cache_dtype``)."""
     if kv_cache_dtype == "auto":
         return model_dtype
     if kv_cache_dtype in ("bfloat16", "float16", "float32"):
         return getattr(torch, kv_cache_dtype)
     if kv_cache_dtype in ("fp8", "fp8_e4m3"):
-        return torch.float8_e4m3fn
+        return fp8_cache_dtype()
     raise NotImplementedError(
         f"MiniMax-M3 sparse layers do not support kv_cache_dtype="
         f"{kv_cache_dtype!r}; use auto, fp8 or fp8_e4m3."
@@ -110,7 +120,7 @@ class MiniMaxM3IndexKCache(nn.Module, AttentionLayerBase):
         self.kv_cache = torch.tensor([])
         self.index_dim = index_dim
         self.head_dim = index_dim + (INDEX_SCALE_BYTES if fp8 else 0)
-        self.dtype = torch.float8_e4m3fn if fp8 else dtype
+        self.dtype = fp8_cache_dtype() if fp8 else dtype
         self.prefix = prefix
         self.cache_config = cache_config
         _register_layer(prefix, self)
@@ -160,7 +170,7 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         self.cache_torch_dtype = _sparse_cache_dtype(self.kv_cache_dtype, self.dtype)
         if per_token_head_scales and _skips_kv_quant(cache_config, prefix):
             per_token_head_scales = False  # this layer keeps a model-dtype cache
-        if per_token_head_scales and self.cache_torch_dtype != torch.float8_e4m3fn:
+        if per_token_head_scales and self.cache_torch_dtype not in FP8_DTYPES:
             raise ValueError(
                 "MiniMax-M3: msa_kv_cache_scales='per_token_head' scales an FP8 "
                 f"KV cache; pass --kv-cache-dtype fp8 (got {self.kv_cache_dtype!r})."

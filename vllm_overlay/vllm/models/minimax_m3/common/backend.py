@@ -407,7 +407,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         elif self.fp8:  # scalar scales: the cache holds x / scale in e4m3
             mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
         idx_scales = None
-        if idx_cache.dtype == torch.float8_e4m3fn:
+        if idx_cache.dtype in sparse_ops.FP8_DTYPES:
             # fp8 index keys: each page holds its keys, then their float32 scales
             idx_cache, idx_scales = sparse_ops.fp8_index_cache_views(
                 idx_cache, idx_k.shape[-1])

@@ -620,6 +620,11 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
                 "maximum.", name,
             )
         scale = s.max()
+        if layer.cache_torch_dtype == torch.float8_e4m3fnuz:
+            # checkpoint scales are for OCP e4m3fn (max 448); an e4m3fnuz cache
+            # (max 240, MI300X / MI325X) takes twice the scale, as vLLM's
+            # BaseKVCacheMethod does on fnuz platforms
+            scale = scale * 2
         getattr(layer, f"_{attr}").copy_(scale)
         if name.endswith(".kv_scale"):  # deprecated single scale: K and V
             layer._v_scale.copy_(scale)

@@ -49,11 +49,18 @@ def _write_rows(cache_tok: torch.Tensor, x: torch.Tensor, slots: torch.Tensor) -
     cache_tok[slots // page_size, slots % page_size] = x.to(cache_tok.dtype)
 
 
-def per_token_head_scales(x: torch.Tensor) -> torch.Tensor:
-    """FP8 e4m3 dequantisation scale of each (token, KV head) row of x
-    [T, Hkv, D]: amax / 448 in fp32 (1.0 for an all-zero row)."""
+# the FP8 e4m3 caches: OCP e4m3fn (max 448; NVIDIA, MI355X / gfx950) and
+# e4m3fnuz (max 240, exponent bias 8, no negative zero; MI300X / MI325X, gfx942)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def per_token_head_scales(x: torch.Tensor,
+                          fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """FP8 dequantisation scale of each (token, KV head) row of x [T, Hkv, D]
+    for a cache of ``fp8_dtype``: amax / its max (448 e4m3fn, 240 e4m3fnuz) in
+    fp32 (1.0 for an all-zero row)."""
     amax = x.float().abs().amax(-1)
-    return torch.where(amax > 0, amax / torch.finfo(torch.float8_e4m3fn).max, 1.0)
+    return torch.where(amax > 0, amax / torch.finfo(fp8_dtype).max, 1.0)
 
 
 def write_sparse_cache(
@@ -75,10 +82,11 @@ def write_sparse_cache(
     computed here (``per_token_head_scales``) and stored there. An fp8
     ``idx_k_cache`` stores each index key the same way, its scale in
     ``idx_scales`` [num_pages, page_size]."""
-    if kv_cache.dtype == torch.float8_e4m3fn:
-        fmax = torch.finfo(torch.float8_e4m3fn).max
+    if kv_cache.dtype in FP8_DTYPES:
+        fmax = torch.finfo(kv_cache.dtype).max
         if kv_scales is not None:
-            ks, vs = per_token_head_scales(k), per_token_head_scales(v)
+            ks = per_token_head_scales(k, kv_cache.dtype)
+            vs = per_token_head_scales(v, kv_cache.dtype)
             _write_rows(kv_scales[:, 0], ks, slots)
             _write_rows(kv_scales[:, 1], vs, slots)
             k_scale, v_scale = ks[..., None], vs[..., None]
@@ -86,11 +94,11 @@ def write_sparse_cache(
         v = (v.float() / v_scale).clamp(-fmax, fmax)
     _write_rows(kv_cache[:, 0], k, slots)
     _write_rows(kv_cache[:, 1], v, slots)
-    if idx_k_cache.dtype == torch.float8_e4m3fn:
+    if idx_k_cache.dtype in FP8_DTYPES:
         if idx_scales is None:
             raise ValueError("an fp8 index-key cache needs idx_scales [num_pages, page_size]")
-        fmax = torch.finfo(torch.float8_e4m3fn).max
-        s = per_token_head_scales(idx_k[:, None, :])[:, 0]  # one row per token
+        fmax = torch.finfo(idx_k_cache.dtype).max
+        s = per_token_head_scales(idx_k[:, None, :], idx_k_cache.dtype)[:, 0]  # one per token
         _write_rows(idx_scales, s, slots)
         idx_k = (idx_k.float() / s[:, None]).clamp(-fmax, fmax)
     _write_rows(idx_k_cache, idx_k, slots)
@@ -112,7 +120,7 @@ def fp8_index_cache_views(
     stride ``page_size * (index_dim + 4)``) and scales [num_pages, page_size]
     float32, the ``idx_k_cache`` / ``idx_k_scales`` of the ops here and of the
     Triton kernels."""
-    if pages.dtype != torch.float8_e4m3fn or pages.dim() != 3:
+    if pages.dtype not in FP8_DTYPES or pages.dim() != 3:
         raise ValueError(
             "an fp8 index-key cache is e4m3 [num_pages, page_size, index_dim + "
             f"{INDEX_SCALE_BYTES}], got {pages.dtype} {tuple(pages.shape)}")

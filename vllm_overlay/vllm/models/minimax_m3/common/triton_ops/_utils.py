@@ -3,6 +3,7 @@
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -63,17 +64,57 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+class GpuArch(NamedTuple):
+    """What the dispatch needs to know of a GPU: ``name`` "sm_90" (CUDA, from
+    the compute capability) or "gfx942" (ROCm, the gcnArchName without its
+    feature flags), and its streaming multiprocessors (CUs on ROCm)."""
+
+    name: str
+    units: int
+
+    @property
+    def rocm(self) -> bool:
+        return self.name.startswith("gfx")
+
+
 @functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _cuda_device_arch(device_index: int) -> GpuArch:
+    props = torch.cuda.get_device_properties(device_index)
+    if torch.version.hip is not None:
+        name = props.gcnArchName.split(":")[0]
+    else:
+        name = f"sm_{props.major}{props.minor}"
+    return GpuArch(name, props.multi_processor_count)
+
+
+def device_arch(device: torch.device) -> GpuArch | None:
+    """The GPU behind ``device``; None off GPU (CPU, the interpreter).  THE
+    one place the kernel wrappers learn the hardware (every arch-dependent
+    choice goes through it: ``num_sms``, ``pdl_supported``, ``is_sm90``,
+    ``is_rocm``), so tests can stand in a ROCm or H200 device here."""
+    if device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_device_arch(idx)
 
 
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors (CUs on ROCm) of ``device``; 4 off-GPU."""
-    if device.type == "cuda":
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        return _num_sms(idx)
-    return 4
+    arch = device_arch(device)
+    return 4 if arch is None else arch.units
+
+
+def is_sm90(device: torch.device) -> bool:
+    """An H100/H200 (sm_90) CUDA device: the Gluon kernels' only target.
+    (ROCm reports gfx942 as compute capability 9.4: never sm_90 here.)"""
+    arch = device_arch(device)
+    return arch is not None and arch.name == "sm_90"
+
+
+def is_rocm(device: torch.device) -> bool:
+    """An AMD GPU (ROCm/HIP): launches take the ROCm tile configs."""
+    arch = device_arch(device)
+    return arch is not None and arch.rocm
 
 
 # H200 (docs/decisions/0003-decode-attention-launches.md): the decode chain with PDL
@@ -97,18 +138,15 @@ def pdl_env() -> bool | None:
     return value == "1"
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_major(device_index: int) -> int:
-    return torch.cuda.get_device_capability(device_index)[0]
-
-
 def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch needs CUDA (not ROCm) on sm90+, compiled
-    kernels (not the interpreter) and a Triton with grid dependency control."""
-    if device.type != "cuda" or torch.version.hip is not None or interpreting() or not HAS_GDC:
+    """Programmatic dependent launch (``griddepcontrol``, NVIDIA-only inline
+    PTX that the HIP backend cannot compile) needs a CUDA sm90+ device (never
+    ROCm), compiled kernels (not the interpreter) and a Triton with grid
+    dependency control; the kernels compile it in only under ``PDL=True``."""
+    arch = device_arch(device)
+    if arch is None or arch.rocm or interpreting() or not HAS_GDC:
         return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return _cuda_major(idx) >= 9
+    return int(arch.name[3:-1] or 0) >= 9
 
 
 def use_pdl(device: torch.device, tune: dict, tokens: int) -> bool:
@@ -127,7 +165,7 @@ def check_triton(device: torch.device) -> None:
             "MiniMax-M3 MSA Triton kernels need the `triton` package; install it "
             "or use the PyTorch reference sparse backend."
         )
-    if device.type != "cuda" and not interpreting():
+    if device_arch(device) is None and not interpreting():
         raise RuntimeError(
             f"MiniMax-M3 MSA Triton kernels got tensors on {device}; they run on "
             "CUDA/ROCm devices, or on CPU only with TRITON_INTERPRET=1 set before "

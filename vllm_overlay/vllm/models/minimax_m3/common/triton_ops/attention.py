@@ -12,8 +12,8 @@ sizes (CUDA-graph capturable, no host syncs).
 import torch
 
 from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_table,
-                     check_int32_vector, check_triton, largest_pow2_divisor, next_pow2,
-                     num_sms, use_pdl)
+                     check_int32_vector, check_triton, is_rocm, largest_pow2_divisor,
+                     next_pow2, num_sms, use_pdl)
 from .block_major_group import block_major_rank_kernel, block_major_scatter_kernel
 from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
@@ -125,6 +125,13 @@ def validate_attention_inputs(q, kv_cache, block_table, token_req, token_pos, sp
 # token-tiled prefill attention pays while a request's whole context is a few
 # times top-k blocks (neighbouring tokens then share most of their blocks)
 TOKEN_TILE_MAX_BLOCKS_PER_TOPK = 4
+# ROCm's own token tiles (AMD wavefronts are 64 wide; LDS per workgroup is 64 KiB
+# on gfx942 (MI300X/MI325X), 160 KiB on gfx950 (MI355X)): the H200's tile of 8
+# tokens in 8 warps and 2 stages needs 96 KiB of LDS (bf16 KV) and spills about
+# 200 VGPRs; at most 4 tokens per program in one stage take 32 KiB and spill no
+# VGPRs for bf16 and scalar-fp8 KV (tests/kernels/rocm_compile.py reports them)
+ROCM_MAX_TOKEN_TILE = 4
+ROCM_TILED_STAGES = 1
 # block-major prefill: (token, slot) pairs per program (one K/V load for all)
 BLOCK_MAJOR_PAIRS = 64
 # pairs per program of the grouping launches: H200, 8192-token chunk, the
@@ -319,7 +326,8 @@ def block_sparse_attention(
         merges them (arrival counters in a persistent buffer): no merge launch.
       token_tile: > 1 runs ``sparse_attn_tiled``: one program per this many
         consecutive tokens and KV head, reading each distinct selected block
-        of the tile once (for prefill chunks; no context splits).
+        of the tile once (for prefill chunks; no context splits); at most
+        ``ROCM_MAX_TOKEN_TILE`` on ROCm.
       tile_start: with ``token_tile`` or ``block_major``, tokens before this
         index (a batch's decode tokens, which share few blocks with their
         neighbours) run one per program as without it; the tiles start here.
@@ -437,6 +445,9 @@ def block_sparse_attention(
                          f"got {block_major}")
     if token_tile > 1 and block_major > 1:
         raise ValueError("token_tile and block_major are two prefill layouts; pick one")
+    rocm = is_rocm(device)
+    if rocm:
+        token_tile = min(token_tile, ROCM_MAX_TOKEN_TILE)
     if (token_tile > 1 or block_major > 1) and 0 < tile_start:
         # the batch's decode tokens one per program, the tiles after them
         n = min(int(tile_start), T)
@@ -474,7 +485,8 @@ def block_sparse_attention(
             TOPK=topk, TOPK_PAD=max(2, next_pow2(topk)),
             SPARSE_BLOCK=sparse_block, BLOCK_N=BLOCK_N, PAGE_SIZE=page_size,
             SCALE_MODE=kernel_mode, IEEE=ieee, FP16_MMA=fp16_mma,
-            num_warps=tune.get("num_warps", tiled_warps), num_stages=tune.get("num_stages", 2),
+            num_warps=tune.get("num_warps", tiled_warps),
+            num_stages=tune.get("num_stages", ROCM_TILED_STAGES if rocm else 2),
         )
         return out
 
@@ -493,7 +505,9 @@ def block_sparse_attention(
     # 11.2 vs 11.8 at 4 x 8k).  At 8 x 8k (128 programs) 8 warps lose already (13.9
     # vs 13.5, per-token-head scales 15.6 vs 14.1), at 32 x 8k more (53.0 vs 47.9);
     # docs/decisions/0003-decode-attention-launches.md
-    warps = 8 if kv_scale_mode != 0 and 2 * T * HKV * splits <= num_sms(device) else 4
+    # (not on ROCm: 8 wavefronts of 64 leave 256 VGPRs a lane, and fp8 KV spills)
+    warps = (8 if kv_scale_mode != 0 and 2 * T * HKV * splits <= num_sms(device) and not rocm
+             else 4)
     pdl = use_pdl(device, tune, T)
     pdl_kw = {"launch_pdl": True} if pdl else {}
     counters = arrival_counters(device, "attention_merge", T * HKV) if fused else q  # unused

@@ -45,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from ._utils import is_sm90
 from .sparse_attn_block_major_sm90 import row_tile_layout
 
 NUM_WARPS = 8  # two warpgroups, 64 query rows each
@@ -192,8 +193,7 @@ def sm90_index_supported(idx_q: torch.Tensor, idx_k_cache: torch.Tensor, k_scale
     """Whether the prefill index runs ``index_block_max_prefill_sm90_kernel``
     (then ``indexer.select_score_rows``) for this launch: an sm_90 CUDA device
     and ``sm90_index_fits``."""
-    if not (idx_q.is_cuda and torch.version.cuda
-            and torch.cuda.get_device_capability(idx_q.device) == (9, 0)):
+    if not is_sm90(idx_q.device):
         return False
     return sm90_index_fits(idx_q.dtype, idx_k_cache.dtype, k_scaled, idx_q.shape[-1],
                            sparse_block, page_size, rows, heads, max_blocks)

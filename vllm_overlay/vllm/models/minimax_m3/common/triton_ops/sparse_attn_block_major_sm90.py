@@ -44,6 +44,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from ._utils import is_sm90
 from .sparse_attn_block_major import group_share, program_group
 
 NUM_WARPS = gl.constexpr(4)  # one warpgroup: every MMA is one warpgroup's 64 rows
@@ -391,8 +392,7 @@ def sm90_block_major_supported(q: torch.Tensor, kernel_mode: int, D: int, sparse
     launch: an sm_90 CUDA device, 16-bit queries, scale mode 0, 1 (folded) or
     2, and the shapes the H200 kernel tests check (head_dim 128 = sparse
     block, 16 query heads per KV head, 4 pairs per step)."""
-    if not (q.is_cuda and torch.version.cuda and torch.cuda.get_device_capability(q.device)
-            == (9, 0)):
+    if not is_sm90(q.device):
         return False
     return (q.dtype in (torch.bfloat16, torch.float16) and kernel_mode in (0, 1, 2)
             and D == sparse_block == 128 and G == G_PAD == 16 and pairs == 4)
