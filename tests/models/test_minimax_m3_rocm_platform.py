@@ -108,8 +108,8 @@ sys.meta_path.insert(0, Poisoned())
 import vllm.models.minimax_m3 as pkg
 for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
     importlib.import_module(m.name)
-for name in ("vllm.reasoning.minimax_m3_reasoning_parser",
-             "vllm.tool_parsers.minimax_m3_tool_parser",
+for name in ("vllm.reasoning.minimax_m3_series_reasoning_parser",
+             "vllm.tool_parsers.minimax_m3_series_tool_parser",
              "vllm.transformers_utils.configs.minimax_m3"):
     importlib.import_module(name)
 print("TRIED", tried, sorted(m for m in sys.modules if m.startswith("vllm.models.minimax_m3")))
