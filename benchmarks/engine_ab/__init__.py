@@ -12,11 +12,12 @@ of its own, one after the other, and appends its rows to ``OUT/engine_ab.json``
 as they finish, so a crash (upstream's batch-32 decode crashed on the H200
 before) keeps the rows before it.
 
-Rows: engine start (s, compilation and graph capture included); the first and a
-repeated 8k prefill (s: a kernel compiled on first use shows as a first call
-slower than the repeat); prefill 4 x 8k and 1 x 32k (s, median); decode steps at
-batch 1 and 32 over 8k contexts (ms per step: generating N+1 tokens minus
-generating 1, over N, median). ``--smoke`` runs tiny shapes in fp32 on the CPU
+Rows: engine start (s, compilation and graph capture included; the side that runs
+second finds some caches warm); the first and repeated prefills of 8k and 32k
+tokens (s: a kernel compiled on first use shows as a first call slower than the
+repeat); prefill 4 x 8k (s, median after a warm round); decode steps at batch
+1, 8 and 32 over 8k contexts (ms per step: generating N+1 tokens minus
+generating 1, over N, median, after a warm round). ``--smoke`` runs tiny shapes in fp32 on the CPU
 (only the series side can run there) to check the harness.
 
   python -m benchmarks.engine_ab --out OUT [--layers 4] [--sides A,B] [--smoke]
