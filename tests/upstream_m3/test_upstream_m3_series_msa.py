@@ -132,3 +132,19 @@ def test_series_kv_view_reads_upstreams_packed_cache(layout):
     assert torch.equal(view[:, 1], cache[..., d:].permute(0, 2, 1, 3))
     view[1, 1, 5, 0, 2] = 42.0          # the same memory, not a copy
     assert cache[1, 0, 5, d + 2] == 42.0
+
+
+def test_warm_cases_cover_the_schedulable_shapes():
+    """The series' kernels compile at start for every prefill layout the budget can
+    produce and every power-of-two decode batch up to max_num_seqs (GPU-only path;
+    its coverage rule is pinned here)."""
+    from vllm.models.minimax_m3.common.series_msa_warmup import warm_cases
+
+    cases = warm_cases(8192, 32, 40960)
+    assert (False, 8192, 8192) in cases and (False, 8192, 32768) in cases
+    assert (False, 256, 256) in cases
+    assert [c[1] for c in cases if c[0]] == [1, 2, 4, 8, 16, 32]
+    assert all(c[2] == 8192 for c in cases if c[0])
+    # a short model length caps the contexts; nothing longer than it is launched
+    assert all(c[2] <= 1024 for c in warm_cases(8192, 3, 1024))
+    assert [c[1] for c in warm_cases(8192, 3, 1024) if c[0]] == [1, 2, 3]
