@@ -6,7 +6,9 @@
 # a wheels/ folder of what v0.26.0 needs beyond the bundle (flashinfer-python 0.6.14,
 # nvidia-cutlass-dsl 4.6.0 + libs, quack-kernels, cuda-tile, cudnn-frontend,
 # torch-c-dlpack-ext, nvtx, humming-kernels, ninja; docs/gpu-validation.md).
-# Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,side-*.log} and $OUT/engine_ab/env.md.
+# Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,side-*.log} and $OUT/engine_ab/env.md;
+# RUN_TESTS=1 first runs tests/upstream_m3/test_upstream_m3_gpu.py (A vs B tokens and
+# logprobs) into $OUT/engine_ab/tests.log; RUN_BENCH=0 skips the benchmark.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/engine_ab"
 EXTRA=${EXTRA:-/tmp/gpu-extra}
@@ -21,5 +23,9 @@ export PYTHONPATH=/tmp/site26x${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:
   echo "commit: ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   python3 -c "import vllm, torch, triton; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"
 } | tee "$OUT/engine_ab/env.md"
+if [ "${RUN_TESTS:-0}" = 1 ]; then   # A vs B correctness on a tiny checkpoint first
+  python3 -m pytest -x -q -s tests/upstream_m3/test_upstream_m3_gpu.py 2>&1 | tee "$OUT/engine_ab/tests.log" | tail -15
+fi
+[ "${RUN_BENCH:-1}" = 1 ] || exit 0
 python3 -m benchmarks.engine_ab --out "$OUT/engine_ab" --layers "${LAYERS:-4}" \
   --sides "${SIDES:-A,B}" --timeout "${SIDE_TIMEOUT:-250}"
