@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 def _engine(tmp_path, released, side, prompts, monkeypatch, **kw):
     monkeypatch.setenv("VLLM_MINIMAX_M3_MSA", side)
     res = run_vllm(str(tmp_path / side), released, prompts, max_tokens=8, prompt_logprobs=0,
-                   llm_kwargs=dict(dtype="bfloat16", block_size=128, max_model_len=2048,
+                   llm_kwargs=dict(dtype="bfloat16", block_size=128, max_model_len=1024,
                                    language_model_only=True, enable_prefix_caching=False,
                                    max_num_batched_tokens=256, enable_chunked_prefill=True,
                                    **kw))
