@@ -620,7 +620,7 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
                 "maximum.", name,
             )
         scale = s.max()
-        if layer.cache_torch_dtype == torch.float8_e4m3fnuz:
+        if getattr(layer, "cache_torch_dtype", None) == torch.float8_e4m3fnuz:
             # checkpoint scales are for OCP e4m3fn (max 448); an e4m3fnuz cache
             # (max 240, MI300X / MI325X) takes twice the scale, as vLLM's
             # BaseKVCacheMethod does on fnuz platforms
