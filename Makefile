@@ -30,7 +30,7 @@ APPLY    := $(VPY) apply.py
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
 
 .PHONY: all apply build build-cpu install-cpu demo test test-series status export fetch clean help \
-        import rebase image gpu-validate results-latest
+        import rebase image gpu-validate results-latest prune
 all: apply build demo
 
 help:
@@ -73,13 +73,20 @@ demo: install-cpu
 	$(VPY) -m tiny_m3.demo
 
 # Without BASE: every flavor in turn (what CI runs); with BASE=...: that flavor's tests.
+# PRUNE=1 (CI) removes a flavor's venv, tree and wheels once its tests pass: each venv holds a
+# CUDA torch build of several GB, and two at once do not fit every CI machine's disk.
 ifeq ($(BASE),)
 test:
 	$(foreach f,$(DEFAULT_BASE) $(filter-out $(DEFAULT_BASE),$(FLAVORS)),$(MAKE) test BASE=$(f) &&) true
 else
 test: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) $(TESTS)
+	$(if $(PRUNE),$(MAKE) prune BASE=$(FLAVOR))
 endif
+
+# A flavor's venv, patched tree and wheels (what `make test PRUNE=1` frees after its tests).
+prune:
+	rm -rf $(VENV) $(TREE) $(DIST)/*$(subst v,,$(FLAVOR))*
 
 test-series: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) tests/series
