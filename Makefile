@@ -19,7 +19,7 @@ TREE     ?= build/vllm$(SUFFIX)
 TEST_REQS := requirements/test-cpu$(SUFFIX).txt
 # The tests of a flavor: tests/upstream_m3 holds those of the flavors whose base ships
 # upstream's MiniMax-M3 (v0.26.0); the rest are the default flavor's.
-TESTS_v0.26.0 := tests/upstream_m3 tests/parsers
+TESTS_v0.26.0 := tests/upstream_m3 tests/parsers tests/series/test_entry_check.py
 TESTS    := $(or $(TESTS_$(FLAVOR)),tests vllm_overlay/tests --ignore=tests/upstream_m3)
 TARGET   ?= cuda
 DIST     ?= dist
@@ -30,7 +30,7 @@ APPLY    := $(VPY) apply.py
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
 
 .PHONY: all apply build build-cpu install-cpu demo test test-series status export fetch clean help \
-        import rebase image gpu-validate results-latest prune
+        import rebase image gpu-validate results-latest prune check-entries
 all: apply build demo
 
 help:
@@ -87,6 +87,10 @@ endif
 # A flavor's venv, patched tree and wheels (what `make test PRUNE=1` frees after its tests).
 prune:
 	rm -rf $(VENV) $(TREE) $(DIST)/*$(subst v,,$(FLAVOR))*
+
+# Bisectability: every prefix of the series imports and passes its entries' Series-Tests.
+check-entries: install-cpu
+	$(APPLY) check-entries $(FL)
 
 test-series: install-cpu
 	$(VPY) -m pytest $(PYTEST_ARGS) tests/series

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from m3series import applier, exporter, image, importer, rebaser, wheel  # noqa: E402
+from m3series import applier, entrycheck, exporter, image, importer, rebaser, wheel  # noqa: E402
 from m3series.errors import SeriesError  # noqa: E402
 from m3series.fetch import fetch  # noqa: E402
 from m3series.pin import BasePin  # noqa: E402
@@ -165,6 +165,19 @@ def cmd_image(args) -> int:
     return 0
 
 
+def cmd_check_entries(args) -> int:
+    series, _ = _series_and_pin(args)
+    results = entrycheck.check_entries(series, Path(args.tree).resolve(), args.python,
+                                       run_tests=not args.imports_only)
+    text = entrycheck.report(results)
+    if text:
+        print(text)
+    bad = [r for r in results if not r.ok]
+    print(f"{len(results) - len(bad)} of {len(results)} prefixes import"
+          + (f"; first failing: entry {bad[0].index}" if bad else ""))
+    return 1 if bad else 0
+
+
 def cmd_fetch(args) -> int:
     _, pin = _series_and_pin(args)
     print(fetch(pin.sdist if args.what == "sdist" else pin.wheel(args.what)))
@@ -217,10 +230,16 @@ def main(argv=None) -> int:
     i.add_argument("--out", default=str(ROOT / "build" / "image"), help="build context folder")
     i.add_argument("--allow-version-mismatch", action="store_true",
                    help="overlay onto a vLLM other than the pinned version")
-    for q in (a, e, b, s, im, r, i):
+    c = sub.add_parser("check-entries", help="bisectability: import the tree at every prefix "
+                       "of the series (against the installed build's extensions)")
+    c.add_argument("--python", default=sys.executable,
+                   help="interpreter with the flavor's build installed (default: this one)")
+    c.add_argument("--imports-only", action="store_true",
+                   help="skip the entries' own tests (their Series-Tests lines)")
+    for q in (a, e, b, s, im, r, i, c):
         q.add_argument("--tree", default=None, help="applied tree (default build/vllm for the "
                        "default flavor, build/vllm-<flavor> for the others)")
-    for q in (a, e, b, s, f, im, r, i):
+    for q in (a, e, b, s, f, im, r, i, c):
         q.add_argument("--flavor", default=None,
                        help="base flavor: a folder of patches/ (e.g. v0.26.0; default: the one "
                             "patches/default names; for image: the flavor whose version the "
@@ -229,7 +248,8 @@ def main(argv=None) -> int:
     try:
         return {"apply": cmd_apply, "export": cmd_export, "build": cmd_build,
                 "status": cmd_status, "fetch": cmd_fetch, "import": cmd_import,
-                "rebase": cmd_rebase, "image": cmd_image}[args.cmd](args)
+                "rebase": cmd_rebase, "image": cmd_image,
+                "check-entries": cmd_check_entries}[args.cmd](args)
     except SeriesError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

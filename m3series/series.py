@@ -9,10 +9,13 @@ DEP-3 provenance block written as git trailers:
     Applied-Upstream: v0.30.0, https://github.com/vllm-project/vllm/pull/51585
     Last-Update: 2026-11-29
     Overlay-File: vllm/models/minimax_m3/__init__.py
+    Series-Tests: tests/parsers/test_minimax_m3_tool_parser.py
 
 The Subject plus the message body are the DEP-3 Description. `Overlay-File`
 lines name the new files this entry adds from vllm_overlay/ (the diff itself
-only edits files the base already has).
+only edits files the base already has). `Series-Tests` lines name this
+repository's tests that pin the entry's own behaviour: `apply.py check-entries`
+runs them with the series stopped at the entry (bisectability).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ ZERO_FROM = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2
 REQUIRED_FIELDS = ("Origin", "Forwarded", "Last-Update")
 ORIGIN_KINDS = ("upstream", "backport", "vendor", "other")
 OVERLAY_FIELD = "Overlay-File"
+TESTS_FIELD = "Series-Tests"
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 
 
@@ -52,7 +56,7 @@ class Entry:
         out: dict[str, str] = {}
         for line in last.splitlines():
             m = _TRAILER.match(line)
-            if m and m.group(1) != OVERLAY_FIELD:
+            if m and m.group(1) not in (OVERLAY_FIELD, TESTS_FIELD):
                 out[m.group(1)] = m.group(2)
         return out
 
@@ -60,6 +64,12 @@ class Entry:
     def overlay_files(self) -> list[str]:
         return [line.split(": ", 1)[1] for line in self.body.splitlines()
                 if line.startswith(OVERLAY_FIELD + ": ")]
+
+    @property
+    def tests(self) -> list[str]:
+        """This repository's tests of the entry's own behaviour (Series-Tests lines)."""
+        return [line.split(": ", 1)[1] for line in self.body.splitlines()
+                if line.startswith(TESTS_FIELD + ": ")]
 
     @property
     def origin_kind(self) -> str:

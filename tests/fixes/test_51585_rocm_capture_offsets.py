@@ -19,7 +19,19 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-TREE = REPO / "build" / "vllm"
+
+
+def _installed_flavor_tree() -> Path:
+    """The applied tree of the flavor whose CPU build is installed (build/vllm for the
+    default flavor, build/vllm-<flavor> for the others)."""
+    import vllm
+    sys.path.insert(0, str(REPO))
+    from m3series.series import default_flavor
+    flavor = "v" + vllm.__version__.split("+")[0]
+    return REPO / "build" / ("vllm" if flavor == default_flavor(REPO) else f"vllm-{flavor}")
+
+
+TREE = _installed_flavor_tree()
 PATH = "vllm/v1/attention/backends/rocm_attn.py"
 
 
@@ -33,7 +45,7 @@ def _builder_class(variant: str):
     base = json.loads(stamp.read_text())["base"]
     source = subprocess.run(["git", "-C", str(TREE), "show", f"{base}:{PATH}"],
                             capture_output=True, text=True, check=True).stdout
-    spec = importlib.util.spec_from_loader("rocm_attn_v0_23_0_base", loader=None)
+    spec = importlib.util.spec_from_loader("rocm_attn_pristine_base", loader=None)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     exec(compile(source, f"base:{PATH}", "exec"), mod.__dict__)
