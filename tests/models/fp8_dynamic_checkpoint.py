@@ -29,9 +29,9 @@ compressed-tensors' names, with a ``kv_cache_scheme``) are added per layer.
 import json
 import os
 import re
-import shutil
 
 import torch
+from minimax_m3_utils import load_weights_copy_rest
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 
@@ -152,18 +152,9 @@ def convert_to_fp8_dynamic(
     kv_scales: {layer index: (k_scale, v_scale)} adds compressed-tensors
     KV-cache scales for those layers (and a ``kv_cache_scheme``).
     config_location: "top" (config.json top level) or "text" (text_config)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    os.makedirs(dst, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for f in sorted(os.listdir(src)):
-        p = os.path.join(src, f)
-        if f.endswith(".safetensors"):
-            tensors.update(load_file(p))
-        elif f == "model.safetensors.index.json" or os.path.isdir(p):
-            continue
-        elif f != "config.json":
-            shutil.copy(p, dst)
+    tensors = load_weights_copy_rest(src, dst)
 
     out: dict[str, torch.Tensor] = {}
     quantized: set[str] = set()
@@ -211,16 +202,9 @@ def add_kv_cache_scales(src: str, dst: str, kv_scales: dict) -> str:
     scales only: ``self_attn.{k,v}_scale`` per listed layer and a
     ``quantization_config`` holding just a ``kv_cache_scheme`` (what an
     llm-compressor KV-cache-only recipe writes)."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    os.makedirs(dst, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for f in sorted(os.listdir(src)):
-        p = os.path.join(src, f)
-        if f.endswith(".safetensors"):
-            tensors.update(load_file(p))
-        elif f != "config.json" and not os.path.isdir(p) and not f.endswith(".index.json"):
-            shutil.copy(p, dst)
+    tensors = load_weights_copy_rest(src, dst)
     for layer, (k, v) in kv_scales.items():
         base = f"language_model.model.layers.{layer}.self_attn."
         tensors[base + "k_scale"] = torch.tensor([float(k)], dtype=torch.float32)

@@ -336,6 +336,23 @@ def write_layout(src: str, dst: str, sd: dict, layout: str) -> str:
     return dst
 
 
+def load_weights_copy_rest(src: str, dst: str) -> dict:
+    """The tensors of checkpoint ``src``; every other file but config.json (and the
+    safetensors index, and folders) is copied to ``dst`` (created). What a
+    checkpoint converter starts from: it then writes its own weights and config."""
+    from safetensors.torch import load_file
+
+    os.makedirs(dst, exist_ok=True)
+    tensors: dict = {}
+    for f in sorted(os.listdir(src)):
+        p = os.path.join(src, f)
+        if f.endswith(".safetensors"):
+            tensors.update(load_file(p))
+        elif f != "config.json" and not os.path.isdir(p) and not f.endswith(".index.json"):
+            shutil.copy(p, dst)
+    return tensors
+
+
 def read_checkpoint(path: str) -> dict:
     from safetensors.torch import load_file
 

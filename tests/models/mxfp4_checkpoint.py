@@ -23,7 +23,7 @@ import re
 
 import torch
 
-from mxfp8_checkpoint import _load
+from minimax_m3_utils import load_weights_copy_rest
 
 MX_BLOCK = 32
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -88,7 +88,7 @@ def dequantize_mxfp4(packed: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 def convert_to_quark_mxfp4(src: str, dst: str) -> str:
     from safetensors.torch import save_file
 
-    tensors = _load(src, dst)
+    tensors = load_weights_copy_rest(src, dst)
     out, exclude = {}, []
     for name, w in tensors.items():
         if EXPERT_RE.match(name):
@@ -109,7 +109,7 @@ def convert_to_quark_mxfp4(src: str, dst: str) -> str:
 def dequantize_checkpoint(src: str, dst: str, dtype: torch.dtype = torch.float32) -> str:
     from safetensors.torch import save_file
 
-    tensors = _load(src, dst)
+    tensors = load_weights_copy_rest(src, dst)
     out = {}
     for name, t in tensors.items():
         if name.endswith(".weight_scale"):

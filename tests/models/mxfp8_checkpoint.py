@@ -37,6 +37,7 @@ import re
 import shutil
 
 import torch
+from minimax_m3_utils import load_weights_copy_rest
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 MX_BLOCK = 32
@@ -87,22 +88,6 @@ def dequantize_mxfp8(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return (blocks * scale.unsqueeze(-1)).reshape(q.shape)
 
 
-def _load(src: str, dst: str) -> dict:
-    from safetensors.torch import load_file
-
-    os.makedirs(dst, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for f in sorted(os.listdir(src)):
-        p = os.path.join(src, f)
-        if f.endswith(".safetensors"):
-            tensors.update(load_file(p))
-        elif f == "model.safetensors.index.json" or os.path.isdir(p):
-            continue
-        elif f != "config.json":
-            shutil.copy(p, dst)
-    return tensors
-
-
 def released_ignore_list(tensors) -> list[str]:
     """Explicit names of the text model's unquantized linears (LM head and
     routers) plus the vision parts, in the released naming."""
@@ -126,7 +111,7 @@ def convert_to_mxfp8(
     "released" (explicit released module names: LM head, routers, vision)."""
     from safetensors.torch import save_file
 
-    tensors = _load(src, dst)
+    tensors = load_weights_copy_rest(src, dst)
     out: dict[str, torch.Tensor] = {}
     for name, w in tensors.items():
         if TARGET_RE.match(name):
@@ -159,7 +144,7 @@ def dequantize_checkpoint(src: str, dst: str, dtype: torch.dtype = torch.float32
     ``dtype``; other tensors copied; ``quantization_config`` removed."""
     from safetensors.torch import save_file
 
-    tensors = _load(src, dst)
+    tensors = load_weights_copy_rest(src, dst)
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
         if name.endswith(".weight_scale_inv"):
@@ -188,7 +173,7 @@ def vary_rows(src: str, dst: str, pattern=TARGET_RE, max_factor: float = 8.0,
 
     from safetensors.torch import save_file
 
-    tensors = _load(src, dst)
+    tensors = load_weights_copy_rest(src, dst)
     shutil.copy(os.path.join(src, "config.json"), dst)
     g = torch.Generator().manual_seed(seed)
     out = {}
