@@ -9,6 +9,9 @@
 # Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,side-*.log} and $OUT/engine_ab/env.md;
 # RUN_TESTS=1 first runs tests/upstream_m3/test_upstream_m3_gpu.py (A vs B tokens and
 # logprobs) into $OUT/engine_ab/tests.log; RUN_BENCH=0 skips the benchmark.
+# PROFILE=graphs,eager adds a decode-step profile per side (benchmarks/engine_ab/step_profile.py:
+# per kernel, kernel family and, eager, decoder layer, with the host's share), PROFILE_BATCH=1
+# its batch; NO_ROWS=1 profiles only.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/engine_ab"
 EXTRA=${EXTRA:-/tmp/gpu-extra}
@@ -28,4 +31,5 @@ if [ "${RUN_TESTS:-0}" = 1 ]; then   # A vs B correctness on a tiny checkpoint f
 fi
 [ "${RUN_BENCH:-1}" = 1 ] || exit 0
 python3 -m benchmarks.engine_ab --out "$OUT/engine_ab" --layers "${LAYERS:-4}" \
-  --sides "${SIDES:-A,B}" --timeout "${SIDE_TIMEOUT:-250}"
+  --sides "${SIDES:-A,B}" --timeout "${SIDE_TIMEOUT:-250}" \
+  ${PROFILE:+--profile "$PROFILE" --profile-batch "${PROFILE_BATCH:-1}"} ${NO_ROWS:+--no-rows}

@@ -13,6 +13,16 @@ from .model import write_model_dir
 SIDES = {"A": "upstream", "B": "series"}
 
 
+def _run(cmd: list[str], env: dict, log_path: str, timeout: int):
+    """One child process, its output in ``log_path``: exit status or "timeout"."""
+    with open(log_path, "w") as log:
+        try:
+            return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            return "timeout"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.engine_ab")
     p.add_argument("--out", required=True)
@@ -20,6 +30,11 @@ def main(argv=None) -> int:
     p.add_argument("--sides", default="A,B")
     p.add_argument("--smoke", action="store_true", help="tiny fp32 shapes on the CPU")
     p.add_argument("--timeout", type=int, default=420, help="seconds per side")
+    p.add_argument("--profile", default="",
+                   help="after the rows, profile decode steps per side (step_profile): "
+                        "comma list of graphs|eager, e.g. graphs,eager")
+    p.add_argument("--profile-batch", type=int, default=1)
+    p.add_argument("--no-rows", action="store_true", help="profile only")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     model = write_model_dir(os.path.join(args.out, "model"), args.layers, args.smoke)
@@ -29,16 +44,22 @@ def main(argv=None) -> int:
     for side in args.sides.split(","):
         env = dict(os.environ, VLLM_MINIMAX_M3_MSA=SIDES[side], VLLM_ENABLE_V1_MULTIPROCESSING="0")
         rows_path = os.path.join(args.out, f"side-{side}.json")
-        cmd = [sys.executable, "-m", "benchmarks.engine_ab.side", "--model", model,
-               "--rows", rows_path] + (["--smoke"] if args.smoke else [])
-        with open(os.path.join(args.out, f"side-{side}.log"), "w") as log:
-            try:
-                rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    timeout=args.timeout).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
+        smoke = ["--smoke"] if args.smoke else []
+        rc = "not run"
+        if not args.no_rows:
+            rc = _run([sys.executable, "-m", "benchmarks.engine_ab.side", "--model", model,
+                       "--rows", rows_path, *smoke], env,
+                      os.path.join(args.out, f"side-{side}.log"), args.timeout)
         rows = json.load(open(rows_path)) if os.path.exists(rows_path) else {}
-        meta["sides"][side] = {"msa": SIDES[side], "rc": rc, "rows": rows}
+        meta["sides"][side] = {"msa": SIDES[side], "rc": rc, "rows": rows, "profiles": {}}
+        for mode in filter(None, args.profile.split(",")):
+            prof = os.path.join(args.out, f"profile-{side}-{mode}-b{args.profile_batch}.json")
+            prc = _run([sys.executable, "-m", "benchmarks.engine_ab.step_profile", "--model",
+                        model, "--out", prof, "--batch", str(args.profile_batch), *smoke,
+                        *(["--eager"] if mode == "eager" else [])], env,
+                       prof.replace(".json", ".log"), args.timeout)
+            meta["sides"][side]["profiles"][mode] = (
+                json.load(open(prof)) if os.path.exists(prof) else {"rc": prc})
         json.dump(meta, open(results, "w"), indent=1)
     from .report import write_report
     write_report(meta, os.path.join(args.out, "engine_ab.md"))

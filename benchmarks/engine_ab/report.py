@@ -21,8 +21,35 @@ def write_report(meta: dict, path: str) -> None:
         lines.append(f"| {n} | " + " | ".join("-" if v is None else str(v) for v in vals)
                      + f" | {ratio} |")
     lines.append("")
+    lines += profile_lines(sides)
     for s, d in sides.items():
-        if d["rc"] != 0:
+        if d["rc"] not in (0, "not run"):
             lines.append(f"Side {s} ended with rc={d['rc']} (see side-{s}.log); rows after "
                          "the last one shown were not measured.")
     open(path, "w").write("\n".join(lines) + "\n")
+
+
+def profile_lines(sides: dict) -> list[str]:
+    """Per side and mode: the decode step split into kernel families and host time,
+    then the top kernels (step_profile's JSON)."""
+    out = []
+    for s, d in sides.items():
+        for mode, prof in (d.get("profiles") or {}).items():
+            head = f"## Decode step profile, side {s}, {mode}"
+            if "step_ms" not in prof:
+                out += [head, "", f"Not measured (rc={prof.get('rc')}; see the profile log).", ""]
+                continue
+            out += [head, "",
+                    f"Batch {prof['batch']} over {prof['ctx']}-token contexts on {prof['device']}: "
+                    f"step {prof['step_ms']} ms = kernels {prof['kernel_ms_per_step']} ms + host "
+                    f"{prof['host_ms_per_step']} ms ({prof['steps']} steps).", "",
+                    "| kernel family | us per step |", "|---|---|"]
+            out += [f"| {k} | {v} |" for k, v in prof["families_us_per_step"].items()]
+            out += ["", "| kernel (top 12) | us per step |", "|---|---|"]
+            out += [f"| `{k[:90]}` | {v} |"
+                    for k, v in list(prof["kernels_us_per_step"].items())[:12]]
+            if prof.get("layers_ms"):
+                out += ["", "| layer (eager) | ms |", "|---|---|"]
+                out += [f"| {k} | {v} |" for k, v in prof["layers_ms"].items()]
+            out.append("")
+    return out

@@ -15,6 +15,18 @@ def _prompts(n: int, length: int, vocab: int, rng: random.Random) -> list[dict]:
             for _ in range(n)]
 
 
+def engine_kwargs(smoke: bool) -> dict:
+    """Seed 002's engine settings (FP8 KV, FULL_AND_PIECEWISE, chunks of 8192); smoke:
+    tiny fp32 eager on the CPU."""
+    if smoke:
+        return dict(dtype="float32", enforce_eager=True, max_model_len=4096,
+                    max_num_batched_tokens=512, gpu_memory_utilization=0.3,
+                    kv_cache_memory_bytes=256 << 20)
+    return dict(dtype="bfloat16", kv_cache_dtype="fp8", max_model_len=40960,
+                max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
+                compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"})
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -31,12 +43,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     smoke = args.smoke
-    kw = dict(dtype="float32", enforce_eager=True, max_model_len=4096,
-              max_num_batched_tokens=512, gpu_memory_utilization=0.3,
-              kv_cache_memory_bytes=256 << 20) if smoke else dict(
-        dtype="bfloat16", kv_cache_dtype="fp8", max_model_len=40960,
-        max_num_batched_tokens=8192, gpu_memory_utilization=0.85,
-        compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"})
+    kw = engine_kwargs(smoke)
     t0 = time.perf_counter()
     llm = LLM(model=args.model, load_format="dummy", block_size=128, skip_tokenizer_init=True,
               language_model_only=True, enable_prefix_caching=False,

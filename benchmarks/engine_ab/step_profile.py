@@ -1,0 +1,181 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Where one engine decode step's time goes: per kernel, per kernel family, per
+decoder layer, and the host's share. Run by ``python -m benchmarks.engine_ab
+--profile`` once per side (the side is picked by VLLM_MINIMAX_M3_MSA, as for the
+rows), in the side's own process with the engine in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the profiler sees the model's kernels.
+
+Method (the decode step alone, without the prefill that precedes it):
+  * kernels: torch.profiler (CPU + CUDA) around ``generate`` of ``steps + 1`` tokens
+    and around ``generate`` of 1 token, on fresh prompts of the same shape; each
+    kernel's device time in the second is subtracted from the first and divided by
+    ``steps``: device time per decode step, per kernel name (CUDA-graph replays
+    included: CUPTI reports the kernels of a replayed graph);
+  * host share: the step's wall time (same difference of the two calls' wall times)
+    minus its summed kernel time. Kernels of one stream do not overlap, so a
+    positive remainder is time the GPU waited for the host;
+  * layers (``--eager`` only: hooks do not run inside captured graphs): CUDA events
+    around every decoder layer's forward, median over the decode calls.
+Writes ``--out`` (JSON) and prints a markdown summary.
+"""
+
+import argparse
+import json
+import re
+import statistics
+import time
+
+from .side import _prompts, engine_kwargs
+
+# Kernel families, first match wins (names of the series' and of upstream's kernels).
+FAMILIES = (
+    ("KV cache write", r"reshape_and_cache|cache_write|write_sparse_cache|kv_insert"),
+    ("MSA index / top-k", r"index|topk|score_attend|select_blocks"),
+    ("MSA sparse attention", r"sparse_attn|block_major|short_decode|msa|sparse"),
+    ("dense attention", r"flash|fmha|attention|attn"),
+    ("MoE", r"moe|expert|marlin|router|grouped|permute|align"),
+    ("GEMM", r"gemm|cublas|cutlass|xmma|nvjet|matmul|mm_|_mm"),
+    ("norm / RoPE / activation", r"norm|rope|rotary|silu|swiglu|act_|gelu"),
+)
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    for fam, pattern in FAMILIES:
+        if re.search(pattern, low):
+            return fam
+    return "other"
+
+
+def _kernel_times(prof, cuda: bool) -> dict[str, float]:
+    """Device (CUDA) or, on CPU, self CPU time per kernel / op name, in microseconds."""
+    out: dict[str, float] = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", None) if cuda else evt.self_cpu_time_total
+        if cuda and t is None:
+            t = getattr(evt, "self_cuda_time_total", 0.0)
+        if t and t > 0:
+            out[evt.key] = out.get(evt.key, 0.0) + float(t)
+    return out
+
+
+def _layer_hooks(model):
+    """CUDA-event (CPU: perf_counter) pairs around every decoder layer's forward."""
+    import torch
+
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    log: list[list] = [[] for _ in layers]
+
+    def pre(i):
+        def hook(mod, args, kwargs=None):
+            mark = torch.cuda.Event(enable_timing=True) if torch.cuda.is_available() \
+                else time.perf_counter()
+            if not isinstance(mark, float):
+                mark.record()
+            tokens = next((a.shape[0] for a in args if hasattr(a, "shape")), 0)
+            log[i].append([tokens, mark, None])
+        return hook
+
+    def post(i):
+        def hook(mod, args, output):
+            mark = torch.cuda.Event(enable_timing=True) if torch.cuda.is_available() \
+                else time.perf_counter()
+            if not isinstance(mark, float):
+                mark.record()
+            log[i][-1][2] = mark
+        return hook
+
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(pre(i))
+        layer.register_forward_hook(post(i))
+    model._step_profile_log = log
+    return [type(m).__name__ for m in layers]
+
+
+def _layer_ms(model, batch: int) -> list[float | None]:
+    """Median ms of each layer's forward over the calls with ``batch`` tokens."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    out = []
+    for calls in model._step_profile_log:
+        ms = [(b.elapsed_time(e) if not isinstance(b, float) else (e - b) * 1e3)
+              for tokens, b, e in calls if tokens == batch and e is not None]
+        out.append(round(statistics.median(ms), 4) if ms else None)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--eager", action="store_true", help="no graphs; adds per-layer times")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--ctx", type=int, default=0, help="context tokens (default 8192; smoke 512)")
+    p.add_argument("--steps", type=int, default=32)
+    args = p.parse_args()
+    import random
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from vllm import LLM, SamplingParams
+
+    kw = engine_kwargs(args.smoke)
+    if args.eager:
+        kw.pop("compilation_config", None)
+        kw["enforce_eager"] = True
+    llm = LLM(model=args.model, load_format="dummy", block_size=128, skip_tokenizer_init=True,
+              language_model_only=True, enable_prefix_caching=False,
+              enable_chunked_prefill=True, max_num_seqs=32, seed=0, **kw)
+    cuda = torch.cuda.is_available()
+    layer_names = llm.apply_model(_layer_hooks)[0] if args.eager else []
+    vocab = 512 if args.smoke else 32000
+    ctx = args.ctx or (512 if args.smoke else 8192)
+    rng = random.Random(0)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+
+    def run(tokens: int) -> tuple[float, dict]:
+        sp = SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0.0,
+                            ignore_eos=True, detokenize=False)
+        prompts = _prompts(args.batch, ctx, vocab, rng)
+        with profile(activities=acts) as prof:
+            t = time.perf_counter()
+            llm.generate(prompts, sp, use_tqdm=False)
+            if cuda:
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+        return wall, _kernel_times(prof, cuda)
+
+    run(args.steps + 1)                     # warm: compilation, autotuning, first launches
+    run(1)
+    long_wall, long_k = run(args.steps + 1)
+    short_wall, short_k = run(1)
+    per_step = {k: (long_k.get(k, 0.0) - short_k.get(k, 0.0)) / args.steps
+                for k in set(long_k) | set(short_k)}
+    per_step = {k: round(v, 2) for k, v in per_step.items() if v > 0.05}
+    step_ms = (long_wall - short_wall) / args.steps * 1e3
+    kernel_ms = sum(per_step.values()) / 1e3 if cuda else None
+    fams: dict[str, float] = {}
+    for k, v in per_step.items():
+        fams[family(k)] = round(fams.get(family(k), 0.0) + v, 2)
+    result = {
+        "side_msa": __import__("os").environ.get("VLLM_MINIMAX_M3_MSA", "series"),
+        "batch": args.batch, "ctx": ctx, "steps": args.steps, "eager": args.eager,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "step_ms": round(step_ms, 4),
+        "kernel_ms_per_step": round(kernel_ms, 4) if kernel_ms is not None else None,
+        "host_ms_per_step": round(step_ms - kernel_ms, 4) if kernel_ms is not None else None,
+        "families_us_per_step": dict(sorted(fams.items(), key=lambda kv: -kv[1])),
+        "kernels_us_per_step": dict(sorted(per_step.items(), key=lambda kv: -kv[1])[:40]),
+    }
+    if args.eager:
+        result["layers_ms"] = dict(zip([f"{i}:{n}" for i, n in enumerate(layer_names)],
+                                       llm.apply_model(lambda m: _layer_ms(m, args.batch))[0]))
+    json.dump(result, open(args.out, "w"), indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k != "kernels_us_per_step"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The engine A/B's decode-step profile: kernel families and the report's tables
+(pure Python; the profile itself runs on the GPU, its CPU smoke by hand)."""
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.engine_ab.report import write_report  # noqa: E402
+from benchmarks.engine_ab.step_profile import family  # noqa: E402
+
+
+def test_kernel_families():
+    assert family("_C::cpu_attn_reshape_and_cache") == "KV cache write"
+    assert family("_index_score_decode_kernel") == "MSA index / top-k"
+    assert family("sparse_attn_block_major_kernel") == "MSA sparse attention"
+    assert family("flash_fwd_splitkv_kernel") == "dense attention"
+    assert family("fused_moe_kernel") == "MoE"
+    assert family("nvjet_tst_128x64") == "GEMM"
+    assert family("vllm::rms_norm_kernel") == "norm / RoPE / activation"
+    assert family("void at::native::elementwise_kernel") == "other"
+
+
+def test_report_shows_step_split_and_failed_profiles(tmp_path):
+    prof = {"batch": 1, "ctx": 8192, "steps": 32, "device": "H200", "step_ms": 3.0,
+            "kernel_ms_per_step": 2.5, "host_ms_per_step": 0.5,
+            "families_us_per_step": {"MoE": 1500.0, "GEMM": 1000.0},
+            "kernels_us_per_step": {"fused_moe_kernel": 1500.0},
+            "layers_ms": {"0:MiniMaxM3DecoderLayer": 0.4}}
+    meta = {"date": "2026-12-05", "layers": 4, "smoke": False, "sides": {
+        "A": {"msa": "upstream", "rc": 0, "rows": {"decode_b1": 2.0},
+              "profiles": {"graphs": {"rc": 1}}},
+        "B": {"msa": "series", "rc": "not run", "rows": {}, "profiles": {"eager": prof}}}}
+    out = tmp_path / "r.md"
+    write_report(meta, str(out))
+    text = out.read_text()
+    assert "step 3.0 ms = kernels 2.5 ms + host 0.5 ms" in text
+    assert "| MoE | 1500.0 |" in text and "| 0:MiniMaxM3DecoderLayer | 0.4 |" in text
+    assert "## Decode step profile, side A, graphs" in text and "Not measured (rc=1" in text
+    assert "Side B ended" not in text     # profile-only: rows not run is not a failure
