@@ -10,7 +10,9 @@ import sys
 
 from .model import write_model_dir
 
-SIDES = {"A": "upstream", "B": "series"}
+# A and B: one v0.26.0-flavor install, the knob picks the MSA path. C: the v0.23.0 flavor's
+# install (the knob does not exist there), run in a call of its own.
+SIDES = {"A": "upstream", "B": "series", "C": "series"}
 
 
 def _run(cmd: list[str], env: dict, log_path: str, timeout: int):
@@ -42,6 +44,8 @@ def main(argv=None) -> int:
     meta = {"date": datetime.date.today().isoformat(), "layers": args.layers,
             "smoke": args.smoke, "sides": {}}
     for side in args.sides.split(","):
+        if side not in SIDES:
+            p.error(f"unknown side {side!r}: A, B (v0.26.0 install) or C (v0.23.0 install)")
         env = dict(os.environ, VLLM_MINIMAX_M3_MSA=SIDES[side], VLLM_ENABLE_V1_MULTIPROCESSING="0")
         rows_path = os.path.join(args.out, f"side-{side}.json")
         smoke = ["--smoke"] if args.smoke else []

@@ -4,22 +4,27 @@
 
 def write_report(meta: dict, path: str) -> None:
     sides = meta["sides"]
+    others = [s for s in ("B", "C") if s in sides] if "A" in sides else []
     names = []
     for s in sides.values():
         names += [n for n in s["rows"] if n not in names]
     lines = [f"# MiniMax-M3 engine A/B, v0.26.0 flavor ({meta['date']})", "",
              f"Config-only model: {meta['layers']} layers (1 dense, the rest MSA + MoE), "
              f"dummy weights{', smoke shapes on CPU' if meta['smoke'] else ', released shapes'}.",
-             "A = VLLM_MINIMAX_M3_MSA=upstream, B = VLLM_MINIMAX_M3_MSA=series; "
-             "B vs A > 1 means B is faster.", "",
-             "| row | " + " | ".join(sides) + " | B vs A |",
-             "|---|" + "---|" * len(sides) + "---|"]
+             "A = v0.26.0 flavor with VLLM_MINIMAX_M3_MSA=upstream, B = the same install with "
+             "VLLM_MINIMAX_M3_MSA=series, C = the v0.23.0 flavor (its own install); "
+             "X vs A > 1 means X is faster.", "",
+             "| row | " + " | ".join(sides) + "".join(f" | {o} vs A" for o in others) + " |",
+             "|---|" + "---|" * (len(sides) + len(others))]
     for n in names:
         vals = [sides[s]["rows"].get(n) for s in sides]
-        a, b = sides.get("A", {}).get("rows", {}).get(n), sides.get("B", {}).get("rows", {}).get(n)
-        ratio = f"{a / b:.2f}x" if a and b else "n/a"
+        a = sides.get("A", {}).get("rows", {}).get(n)
+        ratios = []
+        for o in others:
+            b = sides[o]["rows"].get(n)
+            ratios.append(f"{a / b:.2f}x" if a and b else "n/a")
         lines.append(f"| {n} | " + " | ".join("-" if v is None else str(v) for v in vals)
-                     + f" | {ratio} |")
+                     + "".join(f" | {r}" for r in ratios) + " |")
     lines.append("")
     lines += profile_lines(sides)
     for s, d in sides.items():
