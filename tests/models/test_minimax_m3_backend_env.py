@@ -151,3 +151,12 @@ def test_takes_score_attend():
     assert not takes(0, 0)
     impl.score_attend = False
     assert not takes(1, 1)
+
+
+def test_backend_names_say_what_runs():
+    """The sparse layers' backends are named for the MSA path (Triton kernels
+    on CUDA/ROCm, the PyTorch reference on CPU), not for one of them."""
+    from vllm.models.minimax_m3.common import backend
+
+    assert backend.MiniMaxM3SparseBackend.get_name() == "MINIMAX_M3_MSA"
+    assert backend.MiniMaxM3IndexerBackend.get_name() == "MINIMAX_M3_MSA_INDEXER"

@@ -293,7 +293,9 @@ class MiniMaxM3SparseBackend(_MiniMaxM3BackendBase):
 
     @staticmethod
     def get_name() -> str:
-        return "MINIMAX_M3_SPARSE_REF"
+        # what runs: the MSA ops of ``select_sparse_ops`` (Triton kernels on
+        # CUDA/ROCm, the PyTorch reference on CPU)
+        return "MINIMAX_M3_MSA"
 
     @staticmethod
     def get_impl_cls() -> type["MiniMaxM3SparseImpl"]:
@@ -313,7 +315,7 @@ class MiniMaxM3SparseBackend(_MiniMaxM3BackendBase):
 class MiniMaxM3IndexerBackend(_MiniMaxM3BackendBase):
     @staticmethod
     def get_name() -> str:
-        return "MINIMAX_M3_INDEXER_REF"
+        return "MINIMAX_M3_MSA_INDEXER"
 
     @staticmethod
     def get_impl_cls():
