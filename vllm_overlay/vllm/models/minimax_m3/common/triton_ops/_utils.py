@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import envs
 from ._triton import HAS_GDC, HAS_TRITON
 
 
@@ -123,21 +124,6 @@ def is_rocm(device: torch.device) -> bool:
 PDL_MAX_TOKENS = 8
 
 
-def pdl_env() -> bool | None:
-    """``VLLM_MINIMAX_M3_PDL``: 1 launches the decode kernel chain (index
-    scoring, top-k select, attention, split merge) with programmatic dependent
-    launch (each kernel's programs start and read their static inputs while
-    the previous kernel finishes), 0 never; unset (None): for launches of at
-    most ``PDL_MAX_TOKENS`` tokens."""
-    name = "VLLM_MINIMAX_M3_PDL"
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1 (unset: small batches), got {value!r}")
-    return value == "1"
-
-
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch (``griddepcontrol``, NVIDIA-only inline
     PTX that the HIP backend cannot compile) needs a CUDA sm90+ device (never
@@ -153,7 +139,7 @@ def use_pdl(device: torch.device, tune: dict, tokens: int) -> bool:
     """PDL for a launch over ``tokens`` query tokens: ``tune["pdl"]`` if given
     (benchmarks; ignored where unsupported), else ``VLLM_MINIMAX_M3_PDL``, else
     ``tokens <= PDL_MAX_TOKENS``."""
-    want = tune.get("pdl") if "pdl" in tune else pdl_env()
+    want = tune.get("pdl") if "pdl" in tune else envs.VLLM_MINIMAX_M3_PDL
     if want is None:
         want = tokens <= PDL_MAX_TOKENS
     return bool(want) and pdl_supported(device)
