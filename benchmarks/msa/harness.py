@@ -46,27 +46,50 @@ def _load_sparse_ops():
         return mod
 
 
+def tuned(op: str, fn):
+    """``fn`` (a kernel wrapper of the package that ``op`` names for
+    ``launch_overrides``) taking a benchmark-only ``_tune`` dict: the call runs
+    inside ``launch_overrides(op, **_tune)``, which is how the product's
+    launch choices are overridden (the wrappers themselves take no ``_tune``)."""
+    launch_overrides = importlib.import_module(
+        fn.__module__.rsplit(".", 1)[0]).launch_overrides
+
+    @functools.wraps(fn)
+    def call(*args, _tune=None, **kwargs):
+        with launch_overrides(op, **(_tune or {})):
+            return fn(*args, **kwargs)
+
+    return call
+
+
 def load_kernels():
+    """(index_block_topk, block_sparse_attention, where from): the installed
+    vllm's kernels, else the overlay's files; both take ``_tune`` (``tuned``)."""
     try:
         from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention,
                                                               index_block_topk)
-        return index_block_topk, block_sparse_attention, "installed vllm"
+        return (tuned("index", index_block_topk),
+                tuned("attention", block_sparse_attention), "installed vllm")
     except Exception as e:  # noqa: BLE001
         err = repr(e)
-    pkg = REPO / "vllm_overlay/vllm/models/minimax_m3/common/triton_ops"
+    # the overlay's ``common`` package (the kernels import its ``envs``)
+    common = REPO / "vllm_overlay/vllm/models/minimax_m3/common"
     spec = importlib.util.spec_from_file_location(
-        "msa_triton_ops", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+        "msa_common", common / "__init__.py", submodule_search_locations=[str(common)])
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["msa_triton_ops"] = mod
+    sys.modules["msa_common"] = mod
     spec.loader.exec_module(mod)
-    return mod.index_block_topk, mod.block_sparse_attention, f"{pkg} (vllm import failed: {err})"
+    mod = importlib.import_module("msa_common.triton_ops")
+    return (tuned("index", mod.index_block_topk), tuned("attention", mod.block_sparse_attention),
+            f"{common / 'triton_ops'} (vllm import failed: {err})")
 
 
 def score_attend_fn(block_sparse_attention, name="score_attend_decode"):
-    """``score_attend_decode`` (or ``name``: ``score_attend_fits``) from the
-    package ``block_sparse_attention`` came from."""
-    pkg = sys.modules[block_sparse_attention.__module__].__name__.rsplit(".", 1)[0]
-    return getattr(importlib.import_module(f"{pkg}.short_decode"), name)
+    """``score_attend_decode`` (taking ``_tune``, see ``tuned``; or ``name``:
+    ``score_attend_fits``) from the package ``block_sparse_attention`` came from."""
+    pkg = block_sparse_attention.__module__.rsplit(".", 1)[0]
+    got = getattr(importlib.import_module(f"{pkg}.short_decode"), name)
+    return tuned("score_attend", got) if name == "score_attend_decode" else got
 
 
 def engine_takes_score_attend(block_sparse_attention, bt, dev):

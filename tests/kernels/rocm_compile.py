@@ -173,12 +173,8 @@ def _metadata(kind: str, n: int, ctx: int, width: int, impl):
 
 
 def _forward(impl, md, kv_dtype: str, scales: str, fp8_index: bool, fp8):
-    from vllm.models.minimax_m3.common import backend
-    from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention,
-                                                          index_block_topk,
-                                                          write_sparse_cache)
-    impl._ops = backend.SparseOps(write_sparse_cache, index_block_topk,
-                                  block_sparse_attention, True)
+    from vllm.models.minimax_m3.common.msa_ops import TritonSparseOps
+    impl._ops = TritonSparseOps()
     T = md.num_actual_tokens
     bf16 = torch.bfloat16
     pages = 4  # nothing runs: only shapes, dtypes and strides matter

@@ -12,9 +12,15 @@ from test_minimax_m3_triton_msa import (DEVICE, DTYPES, ON_GPU, SHAPES, Batch, _
                                         check_graph_replays, decode_chain_buffers,
                                         make_idx_cache, make_kv_cache, scale_mode_cases, tol)
 
+from tuned_kernels import tuned
+
+from vllm.models.minimax_m3.common import triton_ops
 from vllm.models.minimax_m3.common.triton_ops import (block_sparse_attention, index_block_topk,
-                                                      score_attend_decode, score_attend_fits)
+                                                      score_attend_fits)
 from vllm.models.minimax_m3.common.triton_ops._utils import pdl_supported
+
+# ``_tune=dict(...)``: the call inside ``triton_ops.launch_overrides`` (tuned_kernels)
+score_attend_decode = tuned("score_attend", triton_ops.score_attend_decode)
 
 # decode requests (tokens already cached, 1 new): inside one block, on a block
 # boundary, fewer visible blocks than top-k, several, and (on a GPU) rows up to

@@ -24,8 +24,13 @@ import torch
 if not torch.cuda.is_available():  # conftest does this too; keep the file standalone
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from vllm.models.minimax_m3.common.triton_ops import (  # noqa: E402
-    block_sparse_attention, index_block_topk)
+from tuned_kernels import tuned  # noqa: E402
+
+from vllm.models.minimax_m3.common import triton_ops  # noqa: E402
+
+# ``_tune=dict(...)``: the call inside ``triton_ops.launch_overrides`` (tuned_kernels)
+block_sparse_attention = tuned("attention", triton_ops.block_sparse_attention)
+index_block_topk = tuned("index", triton_ops.index_block_topk)
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -984,7 +989,7 @@ def test_msa_pipeline_end_to_end(dtype):
 
 def test_pdl_switch_and_rule(monkeypatch):
     """VLLM_MINIMAX_M3_PDL: 1 always, 0 never, unset for launches of at most
-    PDL_MAX_TOKENS tokens; a clear error otherwise; ``_tune["pdl"]`` wins; never
+    PDL_MAX_TOKENS tokens; a clear error otherwise; the launch override ``pdl`` wins; never
     where PDL is unsupported (CPU, ROCm, the interpreter, before sm90)."""
     from vllm.models.minimax_m3.common.triton_ops import _utils
     name = "VLLM_MINIMAX_M3_PDL"
@@ -1004,6 +1009,31 @@ def test_pdl_switch_and_rule(monkeypatch):
     monkeypatch.setenv(name, "yes")
     with pytest.raises(ValueError, match=f"{name} must be 0 or 1"):
         _utils.use_pdl(cuda, {}, 1)
+
+
+def test_launch_overrides_are_a_scoped_benchmark_hook():
+    """The product's kernel wrappers take no launch-shape overrides; a
+    benchmark sets them per op in a ``launch_overrides`` block (nested blocks
+    add to it; each op reads its own; nothing outside)."""
+    import inspect
+
+    from vllm.models.minimax_m3.common.triton_ops import _utils, launch_overrides
+
+    for fn in (triton_ops.block_sparse_attention, triton_ops.index_block_topk,
+               triton_ops.score_attend_decode):
+        assert "_tune" not in inspect.signature(fn).parameters, fn.__name__
+    assert dict(_utils.launch_tune("attention")) == {}
+    with launch_overrides("attention", sm90=False, num_warps=8):
+        with launch_overrides("attention", num_warps=4), launch_overrides("index", pdl=True):
+            assert dict(_utils.launch_tune("attention")) == dict(sm90=False, num_warps=4)
+            assert dict(_utils.launch_tune("index")) == dict(pdl=True)
+            assert dict(_utils.launch_tune("score_attend")) == {}
+        assert dict(_utils.launch_tune("attention")) == dict(sm90=False, num_warps=8)
+        assert dict(_utils.launch_tune("index")) == {}
+    assert dict(_utils.launch_tune("attention")) == {}
+    with pytest.raises(ValueError, match="op must be one of"):
+        with launch_overrides("attn", sm90=False):
+            pass
 
 
 def decode_chain_buffers(batch):

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The sparse backend's environment switches: defaults, and a clear error for
-anything but 0 / 1.
+"""The sparse backend's environment switches (registered in common/envs.py):
+defaults, and a clear error for anything but 0 / 1.
   VLLM_MINIMAX_M3_FOLD_KV_SCALE (default 1): fold scalar FP8 KV scales.
   VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE (default 0): fused top-k select and split
   merge in the Triton decode kernels.
@@ -14,17 +14,19 @@ anything but 0 / 1.
 
 import pytest
 
-SWITCHES = {"VLLM_MINIMAX_M3_FOLD_KV_SCALE": ("fold_scalar_kv_scales", True),
-            "VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE": ("one_launch_decode", False),
-            "VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE": ("score_attend_decode_enabled", True)}
+SWITCHES = {"VLLM_MINIMAX_M3_FOLD_KV_SCALE": True,
+            "VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE": False,
+            "VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE": True}
 
 
 @pytest.mark.parametrize("name", sorted(SWITCHES))
 def test_switch(monkeypatch, name):
-    from vllm.models.minimax_m3.common import backend
+    from vllm.models.minimax_m3.common import envs
 
-    fn, default = SWITCHES[name]
-    read = getattr(backend, fn)
+    default = SWITCHES[name]
+
+    def read():
+        return getattr(envs, name)
     monkeypatch.delenv(name, raising=False)
     assert read() is default
     for value, want in (("0", False), ("1", True)):
@@ -39,18 +41,18 @@ def test_prefill_token_tile(monkeypatch):
     """VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE (unset: the context-length rule):
     tokens per program of the tiled prefill attention, a power of two up to
     16, 0 or 1 for one token per program."""
-    from vllm.models.minimax_m3.common import backend
+    from vllm.models.minimax_m3.common import envs
 
     name = "VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE"
     monkeypatch.delenv(name, raising=False)
-    assert backend.prefill_token_tile() is None
+    assert envs.VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE is None
     for value in ("0", "1", "2", "4", "16"):
         monkeypatch.setenv(name, value)
-        assert backend.prefill_token_tile() == int(value)
+        assert envs.VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE == int(value)
     for value in ("3", "32", "-2", "four"):
         monkeypatch.setenv(name, value)
         with pytest.raises(ValueError, match=f"{name} must be 0 or a power of two"):
-            backend.prefill_token_tile()
+            envs.VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE
 
 
 def test_default_prefill_token_tile():
@@ -113,18 +115,18 @@ def test_prefill_block_major(monkeypatch):
     """VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR (unset: the rule): (token, slot)
     pairs per step of the block-major prefill attention, a power of two up to
     16; 0 and 1 mean off."""
-    from vllm.models.minimax_m3.common import backend
+    from vllm.models.minimax_m3.common import envs
 
     name = "VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR"
     monkeypatch.delenv(name, raising=False)
-    assert backend.prefill_block_major() is None
+    assert envs.VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR is None
     for value, want in (("0", 0), ("1", 0), ("2", 2), ("8", 8), ("16", 16)):
         monkeypatch.setenv(name, value)
-        assert backend.prefill_block_major() == want
+        assert envs.VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR == want
     for value in ("3", "32", "-2", "eight"):
         monkeypatch.setenv(name, value)
         with pytest.raises(ValueError, match=f"{name} must be 0 or a power of two"):
-            backend.prefill_block_major()
+            envs.VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR
 
 
 def test_takes_score_attend():
@@ -151,3 +153,47 @@ def test_takes_score_attend():
     assert not takes(0, 0)
     impl.score_attend = False
     assert not takes(1, 1)
+
+
+def test_backend_names_say_what_runs():
+    """The sparse layers' backends are named for the MSA path (Triton kernels
+    on CUDA/ROCm, the PyTorch reference on CPU), not for one of them."""
+    from vllm.models.minimax_m3.common import backend
+
+    assert backend.MiniMaxM3SparseBackend.get_name() == "MINIMAX_M3_MSA"
+    assert backend.MiniMaxM3IndexerBackend.get_name() == "MINIMAX_M3_MSA_INDEXER"
+
+
+def test_knob_registry_is_documented_and_refuses_bad_values(monkeypatch):
+    """Every knob of common/envs.py is documented in README.md or docs/, is
+    read through the registry (no other ``VLLM_MINIMAX_M3_*`` environment read
+    in the MSA code), and a value its parser refuses raises a ValueError that
+    names the knob and the value."""
+    import re
+    from pathlib import Path
+
+    from vllm.models.minimax_m3.common import envs
+
+    repo = Path(__file__).resolve().parents[2]
+    docs = (repo / "README.md").read_text() + "".join(
+        p.read_text() for p in sorted((repo / "docs").rglob("*.md")))
+    assert envs.environment_variables
+    for name, knob in envs.environment_variables.items():
+        assert name.startswith("VLLM_MINIMAX_M3_") and knob.doc, name
+        assert f"`{name}`" in docs, f"{name} is not documented in README.md or docs/"
+        monkeypatch.delenv(name, raising=False)
+        getattr(envs, name)  # the default parses
+        monkeypatch.setenv(name, "not-a-value")
+        with pytest.raises(ValueError, match=f"{name} must be .*got 'not-a-value'"):
+            getattr(envs, name)
+    assert sorted(dir(envs)) == sorted(envs.environment_variables)
+    with pytest.raises(AttributeError, match="registered knobs"):
+        envs.VLLM_MINIMAX_M3_NO_SUCH_KNOB  # noqa: B018
+
+    package = repo / "vllm_overlay" / "vllm" / "models" / "minimax_m3"
+    for path in package.rglob("*.py"):
+        if path.name == "envs.py":
+            continue
+        text = path.read_text()
+        reads = re.findall(r"(?:environ(?:\.get\(|\[)|getenv\()\s*[\"'](VLLM_MINIMAX_M3_\w+)", text)
+        assert not reads, f"{path.relative_to(repo)} reads {reads} past common/envs.py"

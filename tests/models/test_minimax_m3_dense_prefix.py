@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vllm.models.minimax_m3.common import backend, dense_prefix, sparse_ops
+from vllm.models.minimax_m3.common import envs as m3_envs
 from vllm.models.minimax_m3.common.dense_prefix import (DenseSpan, PrefillChunk,
                                                         dense_spans, long_prefill_chunks)
 
@@ -28,14 +29,14 @@ def test_long_prefill_chunks_and_their_dense_spans():
 
 def test_min_tokens_setting(monkeypatch):
     monkeypatch.delenv("VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS", raising=False)
-    assert backend.dense_prefix_min_tokens() == dense_prefix.DEFAULT_MIN_TOKENS
+    assert m3_envs.VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS == dense_prefix.DEFAULT_MIN_TOKENS
     for value, want in (("0", 0), ("16", 16), ("4096", 4096)):
         monkeypatch.setenv("VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS", value)
-        assert backend.dense_prefix_min_tokens() == want
+        assert m3_envs.VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS == want
     for bad in ("8", "-1", "many"):
         monkeypatch.setenv("VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS", bad)
         with pytest.raises(ValueError, match="DENSE_PREFIX_MIN_TOKENS must be 0"):
-            backend.dense_prefix_min_tokens()
+            m3_envs.VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS
 
 
 def _paged_batch(seq_lens, page, Hkv, D, mode, gen):

@@ -66,7 +66,7 @@ def test_sparse_layers_keep_their_backend_and_the_platform_fp8(probe):
     for name in BACKENDS:
         for kv in ("auto", "fp8"):
             got = probe["sparse"][f"{name}/{kv}"]
-            assert got["backend"] == "MINIMAX_M3_SPARSE_REF", got
+            assert got["backend"] == "MINIMAX_M3_MSA", got
             assert got["kv_cache"] == (fp8 if kv == "fp8" else "torch.bfloat16"), got
             assert got["index_cache"] == fp8, got  # msa_index_cache_dtype fp8
 

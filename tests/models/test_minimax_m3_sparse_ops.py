@@ -261,3 +261,26 @@ def test_fp8_index_cache_views_refuse_bad_caches():
         fp8_index_cache_views(good.float(), 32)
     with pytest.raises(ValueError, match="contiguous"):
         fp8_index_cache_views(good.transpose(0, 1), 32)
+
+
+def test_select_sparse_ops_gives_a_typed_ops_object():
+    """``select_sparse_ops``: the ``SparseOps`` interface, on CPU the PyTorch
+    reference (``triton`` False); ``TritonSparseOps`` holds the kernels."""
+    from vllm.models.minimax_m3.common import msa_ops, sparse_ops
+
+    ops = msa_ops.select_sparse_ops(torch.device("cpu"))
+    assert isinstance(ops, msa_ops.ReferenceSparseOps) and ops.triton is False
+    assert ops.write_cache is sparse_ops.write_sparse_cache
+    assert ops.index_block_topk is sparse_ops.index_block_topk
+    assert ops.block_sparse_attention is sparse_ops.block_sparse_attention
+    for name in ("write_cache", "index_block_topk", "block_sparse_attention"):
+        assert callable(getattr(msa_ops.SparseOps, name))
+    try:
+        from vllm.models.minimax_m3.common import triton_ops
+    except ImportError:
+        pytest.skip("no Triton")
+    triton = msa_ops.TritonSparseOps()
+    assert triton.triton is True
+    assert triton.block_sparse_attention is triton_ops.block_sparse_attention
+    assert triton.index_block_topk is triton_ops.index_block_topk
+    assert triton.write_cache is triton_ops.write_sparse_cache

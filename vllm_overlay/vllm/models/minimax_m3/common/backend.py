@@ -12,7 +12,6 @@ Both use the same metadata: per query token its request and absolute
 position, which is all the ops in ``sparse_ops`` need next to the block table.
 """
 
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -32,92 +31,10 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec
 
-from . import dense_prefix, sparse_ops
+from . import dense_prefix, envs, sparse_ops
 from .msa_ops import SparseOps, select_sparse_ops, token_request_positions  # noqa: F401
 
 logger = init_logger(__name__)
-
-
-def _env_flag(name: str, default: str) -> bool:
-    value = os.environ.get(name, default)
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
-
-
-def fold_scalar_kv_scales() -> bool:
-    """``VLLM_MINIMAX_M3_FOLD_KV_SCALE`` (default 1): fold scalar FP8 KV scales
-    out of the attention inner loop; 0 scales every K/V element (A/B only)."""
-    return _env_flag("VLLM_MINIMAX_M3_FOLD_KV_SCALE", "1")
-
-
-def one_launch_decode() -> bool:
-    """``VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE`` (default 0): the Triton decode
-    index selects its top-k in the scoring launch and the attention merges its
-    splits in the attention launch (``fused_select`` / ``fused_merge``); off
-    until the H200 benchmark shows it pays (2026-11-30: it does not; slower)."""
-    return _env_flag("VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE", "0")
-
-
-def score_attend_decode_enabled() -> bool:
-    """``VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE`` (default 1): decode-only batches
-    that ``triton_ops.score_attend_fits`` (batch 1-2 over block tables of at
-    most 64 sparse blocks) run the whole sparse step in two launches
-    (``score_attend_decode``: every visible block scored and attended, the
-    top-k merged) instead of the four of the decode chain; 0 keeps the chain.
-    Not with ``VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE=1``, which asks for the chain."""
-    return _env_flag("VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE", "1")
-
-
-def _env_pow2(name: str, unset: str) -> int | None:
-    """An environment setting that is 0 or a power of two up to 16; None when
-    unset or empty (``unset`` says what the engine does then)."""
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    if not value.isdigit() or int(value) & (int(value) - 1) or int(value) > 16:
-        raise ValueError(f"{name} must be 0 or a power of two up to 16 (unset: {unset}), "
-                         f"got {value!r}")
-    return int(value)
-
-
-def prefill_token_tile() -> int | None:
-    """``VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE``: for batches with prefill tokens
-    the Triton attention runs one program per this many consecutive prefill
-    tokens and reads each distinct selected block of the tile once
-    (``token_tile``; the batch's decode tokens stay one per program); a power
-    of two up to 16, 0 or 1 for one token per program.  Unset (None): the
-    measured rule ``triton_ops.default_prefill_token_tile`` on the batch's
-    longest context (tiles for short contexts only)."""
-    return _env_pow2("VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE", "by context length")
-
-
-def prefill_block_major() -> int | None:
-    """``VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR``: for batches with prefill tokens
-    the Triton attention groups the prefill tokens' (token, slot) pairs by
-    selected block and runs one program per block and up to 64 pairs, this
-    many per step (``block_major``; a power of two up to 16); 0 or 1 turns it
-    off.  Unset (None): the measured rule ``triton_ops.default_prefill_layout``
-    (block-major, 4 per step, from 1024 prefill tokens).  Set, it replaces the
-    token tiles."""
-    value = _env_pow2("VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR", "by the number of prefill tokens")
-    return value if value is None or value > 1 else 0
-
-
-def dense_prefix_min_tokens() -> int:
-    """``VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS`` (default
-    ``dense_prefix.DEFAULT_MIN_TOKENS``): a prefill chunk with at least this
-    many tokens below the dense limit (top-k x sparse block) attends those
-    tokens densely, beside the index (``dense_prefix``); 0 turns it off.
-    At least 16: shorter rows may be speculative-decode rows, whose host
-    sequence lengths are only upper bounds."""
-    value = os.environ.get("VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS", "")
-    if value == "":
-        return dense_prefix.DEFAULT_MIN_TOKENS
-    if not value.isdigit() or 0 < int(value) < 16:
-        raise ValueError("VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS must be 0 (off) or a "
-                         f"token count of at least 16, got {value!r}")
-    return int(value)
 
 
 @dataclass
@@ -133,7 +50,7 @@ class MiniMaxM3SparseMetadata:
     num_decode_tokens: int = 0
     # longest request of the batch (host int; picks the prefill launch shape)
     max_seq_len: int = 0
-    # prefill chunks of at least dense_prefix_min_tokens() tokens (host ints;
+    # prefill chunks of at least VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS tokens (host ints;
     # the Impl attends their tokens below its dense limit densely)
     prefill_chunks: tuple[dense_prefix.PrefillChunk, ...] = ()
 
@@ -172,8 +89,8 @@ class MiniMaxM3SparseMetadataBuilder(AttentionMetadataBuilder[MiniMaxM3SparseMet
         self._arange = torch.arange(self.max_tokens, dtype=torch.int32, device=device)
         self._token_req = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
         self._token_pos = torch.zeros(self.max_tokens, dtype=torch.int32, device=device)
-        self.dense_prefix_min_tokens = dense_prefix_min_tokens()
-        if one_launch_decode() and device.type == "cuda":
+        self.dense_prefix_min_tokens = envs.VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS
+        if envs.VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE and device.type == "cuda":
             # the fused kernels' arrival counters must exist before graph capture
             try:
                 from vllm.models.minimax_m3.common.triton_ops import arrival_counters
@@ -293,7 +210,9 @@ class MiniMaxM3SparseBackend(_MiniMaxM3BackendBase):
 
     @staticmethod
     def get_name() -> str:
-        return "MINIMAX_M3_SPARSE_REF"
+        # what runs: the MSA ops of ``select_sparse_ops`` (Triton kernels on
+        # CUDA/ROCm, the PyTorch reference on CPU)
+        return "MINIMAX_M3_MSA"
 
     @staticmethod
     def get_impl_cls() -> type["MiniMaxM3SparseImpl"]:
@@ -313,7 +232,7 @@ class MiniMaxM3SparseBackend(_MiniMaxM3BackendBase):
 class MiniMaxM3IndexerBackend(_MiniMaxM3BackendBase):
     @staticmethod
     def get_name() -> str:
-        return "MINIMAX_M3_INDEXER_REF"
+        return "MINIMAX_M3_MSA_INDEXER"
 
     @staticmethod
     def get_impl_cls():
@@ -364,12 +283,13 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         self.topk_blocks = topk_blocks
         self.local_blocks = local_blocks
         self.init_blocks = init_blocks
-        self.fold_scalar_scales = fold_scalar_kv_scales()
-        self.one_launch = one_launch_decode()
-        self.score_attend = score_attend_decode_enabled() and not self.one_launch
-        self.prefill_token_tile = prefill_token_tile()
-        self.prefill_block_major = prefill_block_major()
-        self.dense_prefix_min_tokens = dense_prefix_min_tokens()
+        # the knobs (common/envs.py), read once per layer
+        self.fold_scalar_scales = envs.VLLM_MINIMAX_M3_FOLD_KV_SCALE
+        self.one_launch = envs.VLLM_MINIMAX_M3_ONE_LAUNCH_DECODE
+        self.score_attend = envs.VLLM_MINIMAX_M3_SCORE_ATTEND_DECODE and not self.one_launch
+        self.prefill_token_tile = envs.VLLM_MINIMAX_M3_PREFILL_TOKEN_TILE
+        self.prefill_block_major = envs.VLLM_MINIMAX_M3_PREFILL_BLOCK_MAJOR
+        self.dense_prefix_min_tokens = envs.VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS
         self._ops: SparseOps | None = None
 
     def forward(  # type: ignore[override]

@@ -26,12 +26,11 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import sparse_ops
+from .envs import DENSE_PREFIX_DEFAULT_MIN_TOKENS
 
-# Spans of at least this many tokens are attended densely (env
-# VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS). H200, an 8192-token chunk
-# whose first P tokens go dense beside the index: P = 2048 -10%, 1024 +1%,
-# 512 -1% (the gain is the sparse work saved, which grows with P squared).
-DEFAULT_MIN_TOKENS = 2048
+# Spans of at least this many tokens are attended densely (the default of
+# VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS; its evidence is with the knob)
+DEFAULT_MIN_TOKENS = DENSE_PREFIX_DEFAULT_MIN_TOKENS
 
 
 class PrefillChunk(NamedTuple):

@@ -7,6 +7,8 @@ Public API (same semantics as the PyTorch reference in ``../sparse_ops.py``):
   write_sparse_cache      K/V (+fp8 quant) and index-key cache writes (cache_write.py)
   score_attend_decode     the whole decode step in two launches for batch 1-2 over
                           short block tables (short_decode.py; score_attend_fits)
+  launch_overrides        benchmarks only: a block in which an op launches with
+                          overridden launch shapes (_utils.py)
 Kernels, one concern per module:
   index_score_decode   decode stage 1: per-block max scores, split over context
   index_topk_select    stage 2: top-k over a row of candidate scores
@@ -24,7 +26,7 @@ kernels also run on CPU under ``TRITON_INTERPRET=1``.
 """
 
 from ._triton import HAS_TRITON
-from ._utils import arrival_counters
+from ._utils import arrival_counters, launch_overrides
 from .attention import (block_sparse_attention, default_prefill_layout,
                         default_prefill_token_tile)
 from .cache_write import write_sparse_cache
@@ -33,4 +35,4 @@ from .short_decode import score_attend_decode, score_attend_fits
 
 __all__ = ["HAS_TRITON", "arrival_counters", "block_sparse_attention",
            "default_prefill_layout", "default_prefill_token_tile", "index_block_topk",
-           "score_attend_decode", "score_attend_fits", "write_sparse_cache"]
+           "launch_overrides", "score_attend_decode", "score_attend_fits", "write_sparse_cache"]

@@ -1,16 +1,55 @@
 # SPDX-License-Identifier: Apache-2.0
 """Small host-side helpers shared by the MSA kernel wrappers (no device syncs)."""
 
+import contextlib
+import contextvars
 import functools
 import os
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import torch
 
+from .. import envs
 from ._triton import HAS_GDC, HAS_TRITON
 
 
 _COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+
+
+# Launch-shape overrides (benchmarks only): the op whose launches they change ->
+# its overrides. Each kernel wrapper reads its own op's (``launch_tune``); the
+# keys each op takes are listed in its wrapper's docstring ("Launch overrides").
+LAUNCH_OVERRIDE_OPS = ("index", "attention", "score_attend")
+_NO_OVERRIDES: Mapping[str, Any] = MappingProxyType({})
+_LAUNCH_OVERRIDES: contextvars.ContextVar[Mapping[str, Mapping[str, Any]]] = (
+    contextvars.ContextVar("minimax_m3_msa_launch_overrides", default=_NO_OVERRIDES))
+
+
+@contextlib.contextmanager
+def launch_overrides(op: str, **overrides: Any) -> Iterator[None]:
+    """Benchmark-only hook: inside the block, ``op``'s kernel wrapper
+    (``"index"``: ``index_block_topk``, ``"attention"``: ``block_sparse_attention``,
+    ``"score_attend"``: ``score_attend_decode``) launches with ``overrides``
+    in place of its measured defaults (e.g. ``launch_overrides("attention",
+    sm90=False)``). Nested blocks add to the enclosing ones' overrides; the
+    product never sets any."""
+    if op not in LAUNCH_OVERRIDE_OPS:
+        raise ValueError(f"launch_overrides: op must be one of {LAUNCH_OVERRIDE_OPS}, "
+                         f"got {op!r}")
+    current = _LAUNCH_OVERRIDES.get()
+    merged = {**current, op: MappingProxyType({**current.get(op, {}), **overrides})}
+    token = _LAUNCH_OVERRIDES.set(MappingProxyType(merged))
+    try:
+        yield
+    finally:
+        _LAUNCH_OVERRIDES.reset(token)
+
+
+def launch_tune(op: str) -> Mapping[str, Any]:
+    """``op``'s launch overrides (``launch_overrides``); empty outside benchmarks."""
+    return _LAUNCH_OVERRIDES.get().get(op, _NO_OVERRIDES)
 
 
 def arrival_counters(device: torch.device, purpose: str, n: int) -> torch.Tensor:
@@ -123,21 +162,6 @@ def is_rocm(device: torch.device) -> bool:
 PDL_MAX_TOKENS = 8
 
 
-def pdl_env() -> bool | None:
-    """``VLLM_MINIMAX_M3_PDL``: 1 launches the decode kernel chain (index
-    scoring, top-k select, attention, split merge) with programmatic dependent
-    launch (each kernel's programs start and read their static inputs while
-    the previous kernel finishes), 0 never; unset (None): for launches of at
-    most ``PDL_MAX_TOKENS`` tokens."""
-    name = "VLLM_MINIMAX_M3_PDL"
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return None
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1 (unset: small batches), got {value!r}")
-    return value == "1"
-
-
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch (``griddepcontrol``, NVIDIA-only inline
     PTX that the HIP backend cannot compile) needs a CUDA sm90+ device (never
@@ -149,11 +173,11 @@ def pdl_supported(device: torch.device) -> bool:
     return int(arch.name[3:-1] or 0) >= 9
 
 
-def use_pdl(device: torch.device, tune: dict, tokens: int) -> bool:
-    """PDL for a launch over ``tokens`` query tokens: ``tune["pdl"]`` if given
-    (benchmarks; ignored where unsupported), else ``VLLM_MINIMAX_M3_PDL``, else
-    ``tokens <= PDL_MAX_TOKENS``."""
-    want = tune.get("pdl") if "pdl" in tune else pdl_env()
+def use_pdl(device: torch.device, tune: Mapping[str, Any], tokens: int) -> bool:
+    """PDL for a launch over ``tokens`` query tokens: ``tune["pdl"]`` (a
+    launch override, benchmarks; ignored where unsupported) if given, else
+    ``VLLM_MINIMAX_M3_PDL``, else ``tokens <= PDL_MAX_TOKENS``."""
+    want = tune.get("pdl") if "pdl" in tune else envs.VLLM_MINIMAX_M3_PDL
     if want is None:
         want = tokens <= PDL_MAX_TOKENS
     return bool(want) and pdl_supported(device)

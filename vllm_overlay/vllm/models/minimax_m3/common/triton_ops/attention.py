@@ -13,7 +13,7 @@ import torch
 
 from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_table,
                      check_int32_vector, check_triton, is_rocm, largest_pow2_divisor,
-                     next_pow2, num_sms, use_pdl)
+                     launch_tune, next_pow2, num_sms, use_pdl)
 from .block_major_group import block_major_rank_kernel, block_major_scatter_kernel
 from .sparse_attn_block_major import sparse_attn_block_major_kernel
 from .sparse_attn_fwd import sparse_attn_fwd_kernel
@@ -304,7 +304,6 @@ def block_sparse_attention(
     tile_start: int = 0,
     block_major: int = 0,
     select_topk: int = 0,
-    _tune: dict | None = None,
 ) -> torch.Tensor:
     """Block-sparse GQA attention of each query token over its selected blocks.
 
@@ -343,8 +342,8 @@ def block_sparse_attention(
         selects its token's top ``select_topk`` blocks by rank itself: the same
         slots as the separate select launch, one launch fewer (per-token
         decode layout only).
-      _tune: launch-shape overrides for benchmarking (BLOCK_N, num_warps,
-        num_stages; ``pairs_per_program``: block-major pairs per program, default
+    Launch overrides (benchmarks only, ``launch_overrides("attention", ...)``):
+        BLOCK_N, num_warps, num_stages; ``pairs_per_program``: block-major pairs per program, default
         ``BLOCK_MAJOR_PAIRS``; ``hold_kv``: block-major keeps the block's K/V in
         registers for all of them (default) or loads it again each step;
         ``prefetch_pairs``: block-major loads each step's pairs and query rows
@@ -384,6 +383,7 @@ def block_sparse_attention(
         its query ring's depth.
     Returns: [T, Hq, D] in q.dtype.
     """
+    tune = launch_tune("attention")
     _validate(q, kv_cache, block_table, token_req, token_pos, topk_blocks, sparse_block,
               kv_scale_mode, k_scale, v_scale, kv_scales, select_topk)
     device = q.device
@@ -392,7 +392,7 @@ def block_sparse_attention(
     _, _, page_size, HKV, _ = kv_cache.shape
     topk = int(select_topk) if select_topk else topk_blocks.shape[2]
     G = HQ // HKV
-    if select_topk and (token_tile > 1 or block_major > 1 or _tune and _tune.get("prefetch_rows")):
+    if select_topk and (token_tile > 1 or block_major > 1 or tune.get("prefetch_rows")):
         raise ValueError("select_topk runs the per-token decode layout only (no token_tile, "
                          "block_major or prefetch_rows)")
     out = attention_output(q, out)
@@ -409,7 +409,6 @@ def block_sparse_attention(
         splits = max(1, min(int(num_splits), topk))
     slots = cdiv(topk, splits)
     splits = cdiv(topk, slots)
-    tune = _tune or {}
     key_split = tune.get("key_split")
     if key_split is None:
         key_split = (default_key_split(T * HKV * splits, sparse_block, num_sms(device))
@@ -454,14 +453,13 @@ def block_sparse_attention(
         block_sparse_attention(
             q[:n], kv_cache, block_table, token_req[:n], token_pos[:n], topk_blocks[:n],
             sparse_block, scale, kv_scale_mode, k_scale, v_scale, kv_scales,
-            fold_scalar_scales=fold_scalar_scales, out=out[:n], fused_merge=fused_merge,
-            _tune=_tune)
+            fold_scalar_scales=fold_scalar_scales, out=out[:n], fused_merge=fused_merge)
         if n < T:
             block_sparse_attention(
                 q[n:], kv_cache, block_table, token_req[n:], token_pos[n:], topk_blocks[n:],
                 sparse_block, scale, kv_scale_mode, k_scale, v_scale, kv_scales,
                 fold_scalar_scales=fold_scalar_scales, out=out[n:], token_tile=token_tile,
-                block_major=block_major, _tune=_tune)
+                block_major=block_major)
         return out
     if block_major > 1:
         _block_major_attention(

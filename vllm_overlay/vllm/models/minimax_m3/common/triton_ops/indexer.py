@@ -27,11 +27,13 @@ way; decode tokens of a mixed batch are then scanned by one program each
 without a context split, i.e. slower at long context).
 """
 
+from collections.abc import Mapping
+
 import torch
 
 from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_table,
-                     check_int32_vector, check_triton, largest_pow2_divisor, next_pow2,
-                     num_sms, use_pdl)
+                     check_int32_vector, check_triton, largest_pow2_divisor, launch_tune,
+                     next_pow2, num_sms, use_pdl)
 from .index_score_decode import index_block_max_decode_kernel
 from .index_topk_prefill import index_topk_prefill_kernel
 from .index_topk_select import block_topk_bitonic_kernel, block_topk_select_kernel
@@ -49,7 +51,7 @@ _FP8_DTYPES = tuple(
 
 
 # launch-shape overrides of the tl prefill kernel: with any of them the prefill
-# index runs that kernel (not the sm_90 one) unless ``_tune["sm90"]`` says otherwise
+# index runs that kernel (not the sm_90 one) unless the override ``sm90`` says otherwise
 TL_PREFILL_TUNES = frozenset(("BLOCK_M", "num_warps", "num_stages", "prefetch_rows",
                               "skip_full_mask", "split_visible"))
 
@@ -60,7 +62,7 @@ def _select_warps(chunk: int) -> int:
 
 
 def decode_select(chunk: int, max_blocks: int, fused: bool,
-                  tune: dict) -> tuple[bool, bool, int]:
+                  tune: Mapping) -> tuple[bool, bool, int]:
     """How the decode path picks the top-k of rows of ``max_blocks`` block
     scores held in one ``chunk`` (``SINGLE_CHUNK`` when max_blocks <= chunk):
     (by rank, by a bitwise threshold search, the select launch's warps); both
@@ -141,7 +143,6 @@ def index_block_topk(
     select_chunk: int | None = None,
     fused_select: bool = False,
     return_scores: bool = False,
-    _tune: dict | None = None,
 ) -> torch.Tensor:
     """Select the top-k sparse blocks per (query token, index head).
 
@@ -160,7 +161,7 @@ def index_block_topk(
       blocks_per_prog, context_splits, select_chunk: tuning overrides (tests
         use them to exercise every code path; select_chunk a power of two;
         context_splits alone: fixed context ranges, with
-        ``_tune={"split_visible": True}`` splits of the blocks a tile sees).
+        the launch override ``split_visible=True`` splits of the blocks a tile sees).
       return_scores: decode batches (every token on the decode path) of at
         most ``SELECT_MAX_BLOCKS`` blocks per row: return the block scores
         [T, H_idx, max_blocks] float32 (+inf = forced; entries after a token's
@@ -168,7 +169,8 @@ def index_block_topk(
         ``block_sparse_attention(..., select_topk=topk)``.
       fused_select: decode path in one launch (the last scoring program of a
         token selects its top-k; arrival counters in a persistent buffer).
-      _tune: launch-shape overrides for benchmarking (prefill BLOCK_M,
+    Launch overrides (benchmarks only, ``launch_overrides("index", ...)``):
+        prefill BLOCK_M,
         num_warps, num_stages, prefetch_rows, skip_full_mask, split_visible=False:
         fixed context ranges per split, min_split_blocks: the fewest blocks per
         split with split_visible (8); decode decode_stages,
@@ -224,7 +226,7 @@ def index_block_topk(
         raise ValueError(f"sparse_block ({sparse_block}) must be divisible by 16")
     TOPK_PAD = next_pow2(topk)
     sms = num_sms(device)
-    tune = _tune or {}
+    tune = launch_tune("index")
 
     if nd > 0:
         dec_stages = 0  # plain loop over a program's blocks
@@ -435,14 +437,14 @@ def _prefill_index_sm90(idx_q, idx_k_cache, block_table, token_req, token_pos, o
 
 
 def select_score_rows(scores: torch.Tensor, token_pos: torch.Tensor, out: torch.Tensor, nd: int,
-                      sparse_block: int, topk: int, tune: dict) -> None:
+                      sparse_block: int, topk: int, tune: Mapping) -> None:
     """The top-k blocks of the score rows ``[nd, T)`` of ``scores`` [T, H, NB]
     float32 (columns up to each token's own block written, +inf = forced) into
     ``out`` [T, H, topk] (left-packed, -1 padded; ties to the lower block).
     Rows of at most 64 blocks are ranked in one pass ("rank"); longer rows by
     bitonic top-k over the visible columns in pieces of 128 ("bitonic"), so
     the work follows the context, not the block table's width; or
-    (``_tune["sm90_select"]``) over the whole row by a bitwise threshold search
+    (the launch override ``sm90_select``) over the whole row by a bitwise threshold search
     ("radix": 10% faster where the table is as wide as the context, 2x slower
     at 8k context in a 128k table) or by arg-max rounds ("argmax"). H200 run
     54 also timed each 64-column segment ranked, then the candidates: slower

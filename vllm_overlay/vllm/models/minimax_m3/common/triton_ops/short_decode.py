@@ -6,8 +6,8 @@ Kernels and layouts: ``score_attend_decode.py``."""
 
 import torch
 
-from ._utils import (SELECT_MAX_BLOCKS, cdiv, check_triton, largest_pow2_divisor, next_pow2,
-                     use_pdl)
+from ._utils import (SELECT_MAX_BLOCKS, cdiv, check_triton, largest_pow2_divisor, launch_tune,
+                     next_pow2, use_pdl)
 from .attention import attention_output, kv_scale_args, validate_attention_inputs
 from .indexer import _validate as validate_index_inputs
 from .score_attend_decode import score_attend_block_kernel, score_attend_merge_kernel
@@ -61,13 +61,13 @@ def score_attend_decode(
     idx_k_scales: torch.Tensor | None = None,
     fold_scalar_scales: bool = True,
     out: torch.Tensor | None = None,
-    _tune: dict | None = None,
 ) -> torch.Tensor:
     """Decode tokens (each its request's next token; a graph batch's padding
     repeats request 0): ``block_sparse_attention`` over the blocks
     ``index_block_topk`` selects (same arguments as the two; rows of at most
     ``SELECT_MAX_BLOCKS`` blocks), by scoring and attending every visible
-    block and merging the top-k.  ``_tune`` (benchmarks):
+    block and merging the top-k.  Launch overrides (benchmarks only,
+    ``launch_overrides("score_attend", ...)``):
       ``num_warps``        of the block launch (default 4 at one token, else 2);
       ``merge_warps``      of the merge launch;
       ``key_split``        key ranges per block (``SCORE_ATTEND_KEY_SPLIT``);
@@ -100,7 +100,7 @@ def score_attend_decode(
     out = attention_output(q, out)
     if T == 0:
         return out
-    tune = _tune or {}
+    tune = launch_tune("score_attend")
     G = HQ // HKV
     G_PAD = max(16, next_pow2(G))
     D_PAD = max(16, next_pow2(D))
