@@ -23,15 +23,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _installed_flavor_tree() -> Path:
     """The applied tree of the flavor whose CPU build is installed (build/vllm for the
-    default flavor, build/vllm-<flavor> for the others)."""
-    import vllm
+    default flavor, build/vllm-<flavor> for the others). Reads the installed version
+    from its metadata: importing vllm at collection time would import triton before
+    tests/kernels/conftest.py can set TRITON_INTERPRET."""
+    import importlib.metadata
     sys.path.insert(0, str(REPO))
     from m3series.series import default_flavor
-    flavor = "v" + vllm.__version__.split("+")[0]
+    flavor = "v" + importlib.metadata.version("vllm").split("+")[0]
     return REPO / "build" / ("vllm" if flavor == default_flavor(REPO) else f"vllm-{flavor}")
-
-
-TREE = _installed_flavor_tree()
 PATH = "vllm/v1/attention/backends/rocm_attn.py"
 
 
@@ -39,11 +38,12 @@ def _builder_class(variant: str):
     if variant == "entry":
         from vllm.v1.attention.backends import rocm_attn
         return rocm_attn.RocmAttentionMetadataBuilder
-    stamp = TREE / ".git" / "m3-series.json"
+    tree = _installed_flavor_tree()
+    stamp = tree / ".git" / "m3-series.json"
     if not stamp.exists():
-        pytest.fail(f"{TREE} is missing: run `make apply` (make test does) before this test")
+        pytest.fail(f"{tree} is missing: run `make apply` (make test does) before this test")
     base = json.loads(stamp.read_text())["base"]
-    source = subprocess.run(["git", "-C", str(TREE), "show", f"{base}:{PATH}"],
+    source = subprocess.run(["git", "-C", str(tree), "show", f"{base}:{PATH}"],
                             capture_output=True, text=True, check=True).stdout
     spec = importlib.util.spec_from_loader("rocm_attn_pristine_base", loader=None)
     mod = importlib.util.module_from_spec(spec)
