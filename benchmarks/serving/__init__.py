@@ -53,6 +53,12 @@ Exit status: 0 when every selected section passed, 1 otherwise.
 
 Modules: ``model`` (config-only model dir, tokenizer), ``server`` (plan, server
 configurations, one server), ``client`` (API calls), ``jobs`` (serve, concurrency,
-throughput), ``bench_ab`` (the A/B), ``runner`` (pool of servers, deadline),
-``report`` (e2e.md / e2e.json).
+throughput), ``bench_ab`` (the A/B), ``bench_serve`` / ``bench_worker`` (`vllm bench
+serve` arguments, results, one process per run or one long-lived process), ``runner``
+(pool of servers, deadline), ``report`` (e2e.md / e2e.json).
+
+The serving matrix A / B / C (upstream's MSA path on v0.26.0, the series' on v0.26.0, the
+series on v0.23.0; ISL 1k-128k x concurrency 1 / 8 / 32) is its own entry point,
+``python -m benchmarks.serving.matrix`` (``matrix``, ``matrix_spec``, ``matrix_side``,
+``matrix_report``; ci/gpu_serve_matrix.sh runs it on the GPU).
 """

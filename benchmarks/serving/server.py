@@ -147,15 +147,24 @@ def smoke_overrides() -> dict:
 @dataclasses.dataclass(frozen=True)
 class ServerCfg:
     """One server configuration: KV dtype, CUDA graphs or eager, FP8 KV-scale
-    folding (env VLLM_MINIMAX_M3_FOLD_KV_SCALE), max model length (tokens)."""
+    folding (env VLLM_MINIMAX_M3_FOLD_KV_SCALE), max model length (tokens);
+    ``env``: more (NAME, VALUE) pairs for the server's environment (e.g. the
+    serving matrix's VLLM_MINIMAX_M3_MSA); ``extra_args``: more `vllm serve` flags."""
     kv: str = "fp8"
     graphs: bool = True
     fold: bool = True
     max_len: int = 70000
+    env: tuple = ()
+    extra_args: tuple = ()
 
     @property
     def label(self) -> str:
-        return f"{'graphs' if self.graphs else 'eager'}/kv-{self.kv}/fold-{int(self.fold)}"
+        base = f"{'graphs' if self.graphs else 'eager'}/kv-{self.kv}/fold-{int(self.fold)}"
+        return base + "".join(f"/{k}={v}" for k, v in self.env)
+
+    def environment(self) -> dict:
+        """The variables this configuration sets in the server's environment."""
+        return {FOLD_ENV: str(int(self.fold)), **dict(self.env)}
 
 
 def server_args(cfg: ServerCfg, plan: Plan) -> list[str]:
@@ -167,6 +176,7 @@ def server_args(cfg: ServerCfg, plan: Plan) -> list[str]:
          "--max-num-batched-tokens", str(plan.batched_tokens),
          "--max-num-seqs", str(plan.max_seqs), "--max-model-len", str(cfg.max_len),
          "--dtype", plan.dtype, "--seed", "0"]
+    a += list(cfg.extra_args)
     if plan.smoke:
         return a + ["--kv-cache-dtype", "auto", "--enforce-eager",
                     "--kv-cache-memory-bytes", "256M"]
@@ -178,7 +188,7 @@ def server_args(cfg: ServerCfg, plan: Plan) -> list[str]:
 
 def server_key(cfg: ServerCfg, plan: Plan) -> tuple:
     """Servers with equal flags and env are one server (reused)."""
-    return tuple(server_args(cfg, plan)), cfg.fold
+    return tuple(server_args(cfg, plan)), tuple(sorted(cfg.environment().items()))
 
 
 def free_port() -> int:
@@ -196,17 +206,17 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = server_args(cfg, plan)
         self.record = {"config": cfg.label, "flags": " ".join(self.args),
-                       "env": f"{FOLD_ENV}={int(cfg.fold)}"}
+                       "env": " ".join(f"{k}={v}" for k, v in cfg.environment().items())}
         self.proc = None
 
     def start(self) -> None:
         """Start and wait for /health; records start-up seconds or raises."""
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", self.plan.model,
                "--host", "127.0.0.1", "--port", str(self.port), *self.args]
-        env = dict(os.environ, **{FOLD_ENV: str(int(self.cfg.fold))})
+        env = dict(os.environ, **self.cfg.environment())
         log = open(self.plan.out / "serve.log", "a")
         log.write(f"\n===== {datetime.datetime.now():%H:%M:%S} {self.cfg.label}: "
-                  f"{FOLD_ENV}={int(self.cfg.fold)} {' '.join(cmd)}\n")
+                  f"{self.record['env']} {' '.join(cmd)}\n")
         log.flush()
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,

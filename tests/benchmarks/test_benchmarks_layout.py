@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 MAKE_LATEST = REPO / "benchmarks" / "results" / "make_latest.py"
 
 
-@pytest.mark.parametrize("pkg", ["benchmarks.msa", "benchmarks.serving"])
+@pytest.mark.parametrize("pkg", ["benchmarks.msa", "benchmarks.serving",
+                                 "benchmarks.serving.matrix"])
 def test_runs_as_a_module_from_the_repo_root(pkg):
     out = subprocess.run([sys.executable, "-m", pkg, "--help"], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
