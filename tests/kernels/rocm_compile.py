@@ -133,10 +133,11 @@ def stand_in(arch_name: str, record: list):
 
 def _impl(kv_dtype: str, scales: str):
     from vllm.models.minimax_m3.common.backend import MiniMaxM3SparseImpl
+    from vllm.models.minimax_m3.common.kv_scale import KVScaleMode
     return MiniMaxM3SparseImpl(HQ, D, D ** -0.5, HKV, kv_cache_dtype=kv_dtype,
                                sparse_block=SPARSE_BLOCK, topk_blocks=TOPK,
                                local_blocks=LOCAL, init_blocks=INIT,
-                               per_token_head_scales=scales == "per_token_head")
+                               kv_scales=KVScaleMode.from_config(scales))
 
 
 def _metadata(kind: str, n: int, ctx: int, width: int, impl):

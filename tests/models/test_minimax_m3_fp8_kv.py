@@ -34,7 +34,7 @@ def probe(model):
     from vllm.models.minimax_m3.common.attention import MiniMaxM3SparseAttention
     out = []
     for m in model.modules():
-        if isinstance(m, MiniMaxM3SparseAttention) and m.impl.per_token_head_scales:
+        if isinstance(m, MiniMaxM3SparseAttention) and m.impl.kv_scale_mode.name == "PER_TOKEN_HEAD":
             d = m.head_size
             s = m.kv_cache[..., d:d + 4].view(torch.float32).squeeze(-1)
             written = (s > 0) & torch.isfinite(s)
@@ -92,7 +92,7 @@ def test_per_token_head_scales_need_an_fp8_cache(ckpt, tmp_path):
 LAYER_PROBE = '''
 def probe(model):
     from vllm.models.minimax_m3.common.attention import MiniMaxM3SparseAttention
-    return {m.layer_name: [str(m.kv_cache.dtype), m.impl.per_token_head_scales,
+    return {m.layer_name: [str(m.kv_cache.dtype), m.impl.kv_scale_mode.name,
                            int(m.kv_cache.shape[-1])]
             for m in model.modules() if isinstance(m, MiniMaxM3SparseAttention)}
 '''
@@ -110,7 +110,7 @@ def test_skip_layers_apply_to_sparse_layers(ckpt, tmp_path):
     assert "error" not in res, res.get("traceback", res)
     layers = {name.split(".layers.")[1].split(".")[0]: v for name, v in res["probe"].items()}
     head = layers["2"][2]
-    assert layers["2"] == ["torch.bfloat16", False, head], layers
+    assert layers["2"] == ["torch.bfloat16", "NONE", head], layers
     for i in ("1", "3"):
-        assert layers[i] == ["torch.float8_e4m3fn", True, head + 16], layers
+        assert layers[i] == ["torch.float8_e4m3fn", "PER_TOKEN_HEAD", head + 16], layers
     assert len(res["rounds"][0][0]["tokens"]) == 4

@@ -18,6 +18,8 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
 
 from .backend import MiniMaxM3IndexerBackend, MiniMaxM3SparseBackend
+from .kv_scale import CONFIG_NAMES as KV_SCALE_CONFIG_NAMES
+from .kv_scale import KVScaleMode
 from .sparse_ops import FP8_DTYPES, INDEX_SCALE_BYTES
 
 
@@ -66,7 +68,6 @@ def _sparse_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype):
 # of head_size values is followed by this many bytes, the first 4 of which hold
 # the row's float32 dequantisation scale (16 keeps rows 16-byte aligned).
 KV_SCALE_PAD = 16
-KV_SCALE_MODES = ("scalar", "per_token_head")
 
 
 def _model_option(config, top_config, name: str, choices: tuple, default: str) -> str:
@@ -81,11 +82,12 @@ def _model_option(config, top_config, name: str, choices: tuple, default: str) -
     return val
 
 
-def kv_scale_mode(config, top_config=None) -> str:
+def kv_scale_mode(config, top_config=None) -> KVScaleMode:
     """``msa_kv_cache_scales``: how an FP8 KV cache of the sparse layers is
     scaled -- ``scalar`` (default; one k/v scale per layer, from the
     checkpoint or 1.0) or ``per_token_head`` (computed when K/V are written)."""
-    return _model_option(config, top_config, "msa_kv_cache_scales", KV_SCALE_MODES, "scalar")
+    return KVScaleMode.from_config(_model_option(
+        config, top_config, "msa_kv_cache_scales", tuple(KV_SCALE_CONFIG_NAMES), "scalar"))
 
 
 INDEX_CACHE_DTYPES = ("auto", "fp8")
@@ -156,7 +158,7 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         init_blocks: int,
         cache_config: CacheConfig,
         prefix: str,
-        per_token_head_scales: bool = False,
+        kv_scales: KVScaleMode = KVScaleMode.SCALAR,
         fp8_index_cache: bool = False,
     ):
         super().__init__()
@@ -168,15 +170,16 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
         self.kv_cache_dtype = _layer_kv_cache_dtype(cache_config, prefix)
         self.dtype = torch.get_default_dtype()
         self.cache_torch_dtype = _sparse_cache_dtype(self.kv_cache_dtype, self.dtype)
-        if per_token_head_scales and _skips_kv_quant(cache_config, prefix):
-            per_token_head_scales = False  # this layer keeps a model-dtype cache
-        if per_token_head_scales and self.cache_torch_dtype not in FP8_DTYPES:
+        per_token_head = kv_scales is KVScaleMode.PER_TOKEN_HEAD
+        if per_token_head and _skips_kv_quant(cache_config, prefix):
+            per_token_head = False  # this layer keeps a model-dtype cache
+        if per_token_head and self.cache_torch_dtype not in FP8_DTYPES:
             raise ValueError(
                 "MiniMax-M3: msa_kv_cache_scales='per_token_head' scales an FP8 "
                 f"KV cache; pass --kv-cache-dtype fp8 (got {self.kv_cache_dtype!r})."
             )
         # K/V rows in the cache: head_size values, plus the scale padding
-        self.cache_head_size = head_size + (KV_SCALE_PAD if per_token_head_scales else 0)
+        self.cache_head_size = head_size + (KV_SCALE_PAD if per_token_head else 0)
         # Scalar FP8 KV scales: 1.0 unless the checkpoint has k/v scales, which
         # load_weights copies in place (keep them registered float32 scalars:
         # the kernels and captured CUDA graphs read them by address).
@@ -200,7 +203,7 @@ class MiniMaxM3SparseAttention(nn.Module, AttentionLayerBase):
             topk_blocks=topk_blocks,
             local_blocks=local_blocks,
             init_blocks=init_blocks,
-            per_token_head_scales=per_token_head_scales,
+            kv_scales=KVScaleMode.PER_TOKEN_HEAD if per_token_head else KVScaleMode.SCALAR,
         )
         self.kv_cache = torch.tensor([])
         _register_layer(prefix, self)

@@ -32,6 +32,7 @@ from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from . import dense_prefix, envs, sparse_ops
+from .kv_scale import KVScales, KVScaleMode
 from .msa_ops import SparseOps, select_sparse_ops, token_request_positions  # noqa: F401
 
 logger = init_logger(__name__)
@@ -270,10 +271,11 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         topk_blocks: int,
         local_blocks: int = 1,
         init_blocks: int = 0,
-        per_token_head_scales: bool = False,
+        kv_scales: KVScaleMode = KVScaleMode.SCALAR,
     ) -> None:
         self.fp8 = kv_cache_dtype in ("fp8", "fp8_e4m3")
-        self.per_token_head_scales = per_token_head_scales
+        # kv_scales: the model's FP8 scheme; the layer's own mode is NONE off FP8
+        self.kv_scale_mode = KVScaleMode(kv_scales).for_layer(self.fp8)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -316,16 +318,17 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
         if self._ops is None:
             self._ops = select_sparse_ops(q.device)
         ops = self._ops
-        mode, k_scale, v_scale, kv_scales = 0, None, None, None
-        if self.per_token_head_scales:
+        scales = KVScales()
+        if self.kv_scale_mode is KVScaleMode.PER_TOKEN_HEAD:
             # each fp8 row [head_size] is followed by its float32 scale (the
             # row padding, attention.KV_SCALE_PAD); the cache holds x / scale
             D = self.head_size
-            kv_scales = kv_cache[..., D : D + 4].view(torch.float32).squeeze(-1)
+            scales = KVScales(KVScaleMode.PER_TOKEN_HEAD, per_token_head=kv_cache[
+                ..., D : D + 4].view(torch.float32).squeeze(-1))
             kv_cache = kv_cache[..., :D]
-            mode = 2
-        elif self.fp8:  # scalar scales: the cache holds x / scale in e4m3
-            mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
+        elif self.kv_scale_mode is KVScaleMode.SCALAR:  # the cache holds x / scale in e4m3
+            scales = KVScales(KVScaleMode.SCALAR, k=layer._k_scale, v=layer._v_scale)
+        mode, k_scale, v_scale, kv_scales = scales.args()
         idx_scales = None
         if idx_cache.dtype in sparse_ops.FP8_DTYPES:
             # fp8 index keys: each page holds its keys, then their float32 scales
@@ -349,7 +352,7 @@ class MiniMaxM3SparseImpl(AttentionImpl[MiniMaxM3SparseMetadata]):
             spans = dense_prefix.dense_spans(md.prefill_chunks,
                                              self.topk_blocks * self.sparse_block,
                                              self.dense_prefix_min_tokens)
-        scales = (mode, k_scale, v_scale, kv_scales)
+        scales = scales.args()
         if not spans:
             self._sparse(ops, md, 0, (), q, idx_q, idx_cache, idx_scales, kv_cache, scales,
                          out=output[:T])

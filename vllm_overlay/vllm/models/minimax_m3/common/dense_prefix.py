@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import sparse_ops
+from .kv_scale import KVScaleMode
 from .envs import DENSE_PREFIX_DEFAULT_MIN_TOKENS
 
 # Spans of at least this many tokens are attended densely (the default of
@@ -89,10 +90,10 @@ def _span_kv(kv_cache, block_table, span, dtype, kv_scale_mode, k_scale, v_scale
     pages = block_table[span.request, :n_pages].long()
     kv = kv_cache[pages]  # [n_pages, 2, page, Hkv, D]
     kv = kv.transpose(1, 2).reshape(n_pages * page_size, 2, *kv.shape[3:])[:n_keys]
-    if kv_scale_mode == 0:
+    if kv_scale_mode == KVScaleMode.NONE:
         return kv[:, 0].to(dtype), kv[:, 1].to(dtype)
     ks = None
-    if kv_scale_mode == 2:  # [n_pages, 2, page, Hkv] -> [n_keys, 2, Hkv]
+    if kv_scale_mode == KVScaleMode.PER_TOKEN_HEAD:  # [n_pages, 2, page, Hkv] -> [n_keys, 2, Hkv]
         ks = kv_scales[pages].transpose(1, 2).reshape(n_pages * page_size, 2, -1)[:n_keys]
     return tuple(sparse_ops._dequant(kv[:, c], c, kv_scale_mode, scale, ks).to(dtype)
                  for c, scale in ((0, k_scale), (1, v_scale)))
@@ -104,7 +105,7 @@ def dense_prefix_attention(
     block_table: torch.Tensor,
     spans: tuple[DenseSpan, ...],
     scale: float,
-    kv_scale_mode: int = 0,
+    kv_scale_mode: KVScaleMode = KVScaleMode.NONE,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     kv_scales: torch.Tensor | None = None,

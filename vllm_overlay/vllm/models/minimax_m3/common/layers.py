@@ -539,7 +539,7 @@ class MiniMaxM3Attention(nn.Module):
             init_blocks=getattr(config, "index_init_blocks", 0) or 0,
             cache_config=cache_config,
             prefix=f"{prefix}.attn",
-            per_token_head_scales=kv_scale_mode(config, _top_config()) == "per_token_head",
+            kv_scales=kv_scale_mode(config, _top_config()),
             fp8_index_cache=index_cache_dtype(config, _top_config()) == "fp8",
         )
 

@@ -22,6 +22,8 @@ processed in chunks so memory stays bounded for long prefills.
 
 import torch
 
+from .kv_scale import KVScaleMode
+
 # Query tokens handled at once per request (bounds the [t, H, keys] buffers).
 _TOKEN_CHUNK = 512
 
@@ -211,14 +213,14 @@ def index_block_topk(
 def _dequant(
     x: torch.Tensor,
     kind: int,
-    kv_scale_mode: int,
+    kv_scale_mode: KVScaleMode,
     scale: torch.Tensor | None,
     kv_scales_req: torch.Tensor | None,
 ) -> torch.Tensor:
     x = x.float()
-    if kv_scale_mode == 1:
+    if kv_scale_mode == KVScaleMode.SCALAR:
         x = x * scale.float()
-    elif kv_scale_mode == 2:
+    elif kv_scale_mode == KVScaleMode.PER_TOKEN_HEAD:
         x = x * kv_scales_req[:, kind, :, None]
     return x
 
@@ -232,7 +234,7 @@ def block_sparse_attention(
     topk_blocks: torch.Tensor,
     sparse_block: int,
     scale: float,
-    kv_scale_mode: int = 0,
+    kv_scale_mode: KVScaleMode = KVScaleMode.NONE,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     kv_scales: torch.Tensor | None = None,
@@ -242,8 +244,8 @@ def block_sparse_attention(
     Query head h uses KV head ``h // (Hq // Hkv)`` and that KV head's
     ``topk_blocks``; a key is visible iff its block is selected and
     ``key_pos <= token_pos``. Softmax in fp32; returns [T, Hq, Dh] in q.dtype.
-    ``kv_scale_mode``: 0 none, 1 scalar ``k_scale``/``v_scale``,
-    2 per-token-head ``kv_scales`` [num_pages, 2, page_size, Hkv].
+    ``kv_scale_mode`` (``kv_scale.KVScaleMode``): NONE, SCALAR ``k_scale``/``v_scale``,
+    PER_TOKEN_HEAD ``kv_scales`` [num_pages, 2, page_size, Hkv].
     """
     T, Hq, D = q.shape
     Hkv = kv_cache.shape[3]
@@ -257,7 +259,7 @@ def block_sparse_attention(
         pages = block_table[r, :n_pages].long()
         kv = kv_cache[pages]  # [n_pages, 2, page_size, Hkv, D]
         ks = None
-        if kv_scale_mode == 2:
+        if kv_scale_mode == KVScaleMode.PER_TOKEN_HEAD:
             # [n_pages, 2, page, Hkv] -> [n_keys, 2, Hkv]
             ks = kv_scales[pages].transpose(1, 2).reshape(-1, 2, Hkv)[:n_keys]
         kv = kv.transpose(1, 2).reshape(n_pages * page_size, 2, Hkv, D)[:n_keys]

@@ -11,6 +11,7 @@ sizes (CUDA-graph capturable, no host syncs).
 
 import torch
 
+from ..kv_scale import KVScaleMode
 from ._utils import (SELECT_MAX_BLOCKS, arrival_counters, cdiv, check_block_table,
                      check_int32_vector, check_triton, is_rocm, largest_pow2_divisor,
                      launch_tune, next_pow2, num_sms, use_pdl)
@@ -67,12 +68,13 @@ def kv_scale_args(q, kv_scale_mode, k_scale, v_scale, kv_scales, fold_scalar_sca
     does not read; kv_scales' strides; the kernels' SCALE_MODE, 3 for
     unfolded scalar scales; FP16_MMA: an fp8 cache with bf16 queries runs
     its dots in fp16)."""
-    ks = k_scale if kv_scale_mode == 1 else q
-    vs = v_scale if kv_scale_mode == 1 else q
-    kvs = kv_scales if kv_scale_mode == 2 else q
-    sstr = kv_scales.stride() if kv_scale_mode == 2 else (0, 0, 0, 0)
-    kernel_mode = 3 if (kv_scale_mode == 1 and not fold_scalar_scales) else kv_scale_mode
-    fp16_mma = kv_scale_mode != 0 and q.dtype == torch.bfloat16
+    mode = KVScaleMode(kv_scale_mode)
+    ks = k_scale if mode is KVScaleMode.SCALAR else q
+    vs = v_scale if mode is KVScaleMode.SCALAR else q
+    kvs = kv_scales if mode is KVScaleMode.PER_TOKEN_HEAD else q
+    sstr = kv_scales.stride() if mode is KVScaleMode.PER_TOKEN_HEAD else (0, 0, 0, 0)
+    kernel_mode = mode.kernel_mode(fold_scalar_scales)
+    fp16_mma = mode is not KVScaleMode.NONE and q.dtype == torch.bfloat16
     return ks, vs, kvs, sstr, kernel_mode, fp16_mma
 
 
@@ -99,7 +101,7 @@ def validate_attention_inputs(q, kv_cache, block_table, token_req, token_pos, sp
     if sparse_block <= 0 or sparse_block % page_size != 0:
         raise ValueError(f"sparse_block ({sparse_block}) must be a positive multiple of the KV "
                          f"cache page size ({page_size})")
-    if kv_scale_mode not in (0, 1, 2):
+    if kv_scale_mode not in (KVScaleMode.NONE, KVScaleMode.SCALAR, KVScaleMode.PER_TOKEN_HEAD):
         raise ValueError(f"kv_scale_mode must be 0 (none), 1 (scalar) or 2 (per token and KV "
                          f"head), got {kv_scale_mode}")
     is_fp8 = kv_cache.dtype in _FP8_DTYPES
@@ -291,7 +293,7 @@ def block_sparse_attention(
     topk_blocks: torch.Tensor,
     sparse_block: int,
     scale: float,
-    kv_scale_mode: int = 0,
+    kv_scale_mode: KVScaleMode = KVScaleMode.NONE,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     kv_scales: torch.Tensor | None = None,

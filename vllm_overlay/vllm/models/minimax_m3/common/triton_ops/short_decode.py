@@ -6,6 +6,7 @@ Kernels and layouts: ``score_attend_decode.py``."""
 
 import torch
 
+from ..kv_scale import KVScaleMode
 from ._utils import (SELECT_MAX_BLOCKS, cdiv, check_triton, largest_pow2_divisor, launch_tune,
                      next_pow2, use_pdl)
 from .attention import attention_output, kv_scale_args, validate_attention_inputs
@@ -53,7 +54,7 @@ def score_attend_decode(
     local_blocks: int,
     init_blocks: int,
     scale: float,
-    kv_scale_mode: int = 0,
+    kv_scale_mode: KVScaleMode = KVScaleMode.NONE,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     kv_scales: torch.Tensor | None = None,
