@@ -151,13 +151,19 @@ def _shadow(installed: Path, dest: Path) -> Path:
 
 
 def _put(shadow_root: Path, path: str, data: bytes | None) -> None:
-    """Set a package file of the shadow to `data` (None: remove it)."""
+    """Set a package file of the shadow to `data` (None: remove it, and the folders it
+    leaves empty: an empty folder would still import, as a namespace package)."""
     target = shadow_root / path
     if target.is_symlink() or target.exists():
         target.unlink()
     if data is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+        return
+    folder, top = target.parent, shadow_root / PACKAGE
+    while folder != top and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
 
 
 def _run_tests(series: Series, tests: list[str], python: str, env: dict) -> tuple[bool, str]:

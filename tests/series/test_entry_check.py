@@ -123,3 +123,23 @@ def test_the_installed_flavors_series_is_bisectable():
                          capture_output=True, text=True, cwd=REPO)
     print(out.stderr)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+
+
+def test_a_folder_a_later_entry_adds_is_absent_at_earlier_prefixes(project):
+    """Files of later entries are removed with the folders they leave empty: an empty
+    folder would still import (a namespace package) and hide a missing dependency."""
+    kern = "vllm/models/m3/kern/__init__.py"
+    project.add_overlay(MODEL, "MODEL = 'm3'\n")
+    project.add_overlay(kern, "OPS = 1\n")
+    project.add_patch("model.patch", patch_text(
+        "Add the model", overlay=[MODEL],
+        extra_fields="Series-Tests: tests/test_no_kern.py\n"))
+    project.add_patch("kern.patch", patch_text("Add its kernels", overlay=[kern]))
+    project.set_series(["model.patch", "kern.patch"])
+    (project.root / "tests").mkdir()
+    (project.root / "tests" / "test_no_kern.py").write_text(
+        "import importlib.util\n\ndef test_no_kern():\n"
+        "    assert importlib.util.find_spec('vllm.models.m3.kern') is None\n")
+    project.run("apply", check=True)
+    out = _check(project)
+    assert out.returncode == 0, out.stdout + out.stderr
