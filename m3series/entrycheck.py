@@ -6,7 +6,9 @@ Python package as it is at that commit and imports, in a fresh interpreter:
 
 * every module of the package that entries 1..k add or change (tests aside),
 * every model class the package's model registry maps to a module the series
-  touches, and every MiniMax-M3 class it registers (the model, at every entry),
+  touches, and every MiniMax-M3 class it registers (the model, at every entry; on a
+  base that ships it but cannot import it on this build, from the entry that makes
+  it import on, earlier failures being the base's state, noted),
 * the tool and reasoning parsers registered under names the series adds;
 
 then runs the entry's own tests (its `Series-Tests` lines: this repository's
@@ -47,7 +49,7 @@ COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp", "CMakeLists.txt
 _CHILD = r"""
 import importlib, json, sys, traceback
 spec = json.loads(sys.argv[1])
-out = {"failures": {}, "models": [], "parsers": []}
+out = {"failures": {}, "models": [], "parsers": [], "pending_models": {}}
 import vllm
 if not vllm.__file__.startswith(spec["shadow"]):
     out["failures"]["vllm"] = f"imported from {vllm.__file__}, not the shadow package"
@@ -75,8 +77,11 @@ for arch, (mod, cls) in sorted(_VLLM_MODELS.items()):
         getattr(importlib.import_module(full), cls)
         out["models"].append(arch)
     except BaseException as e:
-        out["failures"][f"model {arch}"] = "".join(
-            traceback.format_exception_only(type(e), e)).strip()
+        err = "".join(traceback.format_exception_only(type(e), e)).strip()
+        if full in touched:
+            out["failures"][f"model {arch}"] = err
+        else:  # judged against the other prefixes (see _judge_untouched_models)
+            out["pending_models"][arch] = err
 for kind, mgr_path in (("tool", "vllm.tool_parsers:ToolParserManager"),
                        ("reasoning", "vllm.reasoning:ReasoningParserManager")):
     mod, _, attr = mgr_path.partition(":")
@@ -110,6 +115,8 @@ class PrefixResult:
     compiled_sources: list[str] = field(default_factory=list)
     tests: list[str] = field(default_factory=list)
     tests_summary: str = ""
+    pending_models: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -238,6 +245,7 @@ def check_entries(series: Series, tree: Path, python: str = sys.executable,
                                                      f"{proc.stderr.strip()[-1200:]}"}}
             res.failures = child.get("failures", {})
             res.models = child.get("models", [])
+            res.pending_models = child.get("pending_models", {})
             res.parsers = child.get("parsers", [])
             res.tests = series.entries[k - 1].tests
             if run_tests and res.tests and res.ok:
@@ -250,7 +258,25 @@ def check_entries(series: Series, tree: Path, python: str = sys.executable,
                 f"({len(touched)} modules{'; ' + ', '.join(found) if found else ''}"
                 f"{'; tests: ' + tests_line if (tests_line := _last_line(res)) else ''})")
         results = [per_prefix[k] for k in sorted(per_prefix)]
+    _judge_untouched_models(results)
     return results
+
+
+def _judge_untouched_models(results: list[PrefixResult]) -> None:
+    """A MiniMax-M3 class whose module the series does not touch (a base that ships
+    the model) may not import before the entry that makes it importable (a CPU build
+    the base model does not run on): that is the base's state, noted. Once it imports at
+    a prefix, failing at a later one is a regression."""
+    first_ok: dict[str, int] = {}
+    for r in results:
+        for arch in r.models:
+            first_ok.setdefault(arch, r.index)
+    for r in results:
+        for arch, err in r.pending_models.items():
+            if arch in first_ok and r.index > first_ok[arch]:
+                r.failures[f"model {arch}"] = f"imported at entry {first_ok[arch]}, not here: {err}"
+            else:
+                r.notes.append(f"model {arch} does not import yet (the base's state): {err}")
 
 
 def report(results: list[PrefixResult]) -> str:
@@ -261,6 +287,8 @@ def report(results: list[PrefixResult]) -> str:
             lines.append(f"note: entry {r.index} ({r.subject}) changes compiled sources "
                          f"({', '.join(r.compiled_sources)}): checked against the full build's "
                          f"extensions")
+        for note in r.notes:
+            lines.append(f"note: entry {r.index} ({r.subject}): {note[:300]}")
         for what, err in r.failures.items():
             lines.append(f"entry {r.index} ({r.subject}): {what}: {err}")
     return "\n".join(lines)

@@ -143,3 +143,17 @@ def test_a_folder_a_later_entry_adds_is_absent_at_earlier_prefixes(project):
     project.run("apply", check=True)
     out = _check(project)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_an_untouched_model_is_judged_against_the_other_prefixes():
+    """A base model that does not import on this build before entry 2 makes it import is
+    noted at entry 1 (the base's state); failing again at entry 3 is a regression."""
+    from m3series.entrycheck import PrefixResult, _judge_untouched_models
+
+    rs = [PrefixResult(1, "fix", [], pending_models={"M3": "AttributeError: _C"}),
+          PrefixResult(2, "cpu build", [], models=["M3"]),
+          PrefixResult(3, "later", [], pending_models={"M3": "ImportError: x"})]
+    _judge_untouched_models(rs)
+    assert rs[0].ok and "does not import yet" in rs[0].notes[0]
+    assert rs[1].ok
+    assert not rs[2].ok and "imported at entry 2, not here" in rs[2].failures["model M3"]
