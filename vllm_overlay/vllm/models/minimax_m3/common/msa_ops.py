@@ -17,6 +17,7 @@ import torch
 from vllm.logger import init_logger
 
 from . import sparse_ops
+from .kv_scale import KVScaleMode
 
 logger = init_logger(__name__)
 
@@ -53,7 +54,8 @@ class SparseOps(Protocol):
     def block_sparse_attention(self, q: torch.Tensor, kv_cache: torch.Tensor,
                                block_table: torch.Tensor, token_req: torch.Tensor,
                                token_pos: torch.Tensor, topk_blocks: torch.Tensor,
-                               sparse_block: int, scale: float, kv_scale_mode: int = 0,
+                               sparse_block: int, scale: float,
+                               kv_scale_mode: KVScaleMode = KVScaleMode.NONE,
                                k_scale: torch.Tensor | None = None,
                                v_scale: torch.Tensor | None = None,
                                kv_scales: torch.Tensor | None = None,
