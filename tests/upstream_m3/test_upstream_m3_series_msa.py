@@ -136,15 +136,38 @@ def test_series_kv_view_reads_upstreams_packed_cache(layout):
 
 def test_warm_cases_cover_the_schedulable_shapes():
     """The series' kernels compile at start for every prefill layout the budget can
-    produce and every power-of-two decode batch up to max_num_seqs (GPU-only path;
-    its coverage rule is pinned here)."""
+    produce (both sides of the token-tile / block-major threshold, token counts on and
+    off a multiple of 16, fresh and longest context) and every power-of-two decode
+    batch up to max_num_seqs (GPU-only path; its coverage rule is pinned here)."""
     from vllm.models.minimax_m3.common.series_msa_warmup import warm_cases
+    from vllm.models.minimax_m3.common.triton_ops.attention import BLOCK_MAJOR_MIN_TOKENS
 
-    cases = warm_cases(8192, 32, 40960)
-    assert (False, 8192, 8192) in cases and (False, 8192, 32768) in cases
-    assert (False, 256, 256) in cases
+    cases = warm_cases(32768, 32, 132096)
+    prefill = [(t, c) for d, t, c in cases if not d]
+    assert (32768, 32768) in prefill and (32768, 132096) in prefill
+    assert (32761, 132096) in prefill            # a chunk shared with 7 decode tokens
+    sizes = {t for t, _ in prefill}
+    assert {t for t in sizes if t < BLOCK_MAJOR_MIN_TOKENS} >= {1, 17, 256}
+    assert {t for t in sizes if t >= BLOCK_MAJOR_MIN_TOKENS and t % 16} and \
+        {t for t in sizes if t < BLOCK_MAJOR_MIN_TOKENS and t % 16 and t > 1}
+    assert all((t, 132096) in prefill and (t, t) in prefill for t in sizes)
     assert [c[1] for c in cases if c[0]] == [1, 2, 4, 8, 16, 32]
     assert all(c[2] == 8192 for c in cases if c[0])
-    # a short model length caps the contexts; nothing longer than it is launched
-    assert all(c[2] <= 1024 for c in warm_cases(8192, 3, 1024))
-    assert [c[1] for c in warm_cases(8192, 3, 1024) if c[0]] == [1, 2, 3]
+    assert len(cases) == len(set(cases))
+    # a short model length caps the contexts and the chunk; nothing longer is launched
+    short = warm_cases(8192, 3, 1024)
+    assert all(c[2] <= 1024 and c[1] <= c[2] for c in short)
+    assert (False, 1024, 1024) in short
+    assert [c[1] for c in short if c[0]] == [1, 2, 3]
+
+
+def test_warm_block_table_has_the_engines_width():
+    """The warm-up's block table is as wide as vLLM's per-request table
+    (cdiv(max_model_len, block_size)): the kernels take its width as their static
+    context bound, and a narrower one compiled other variants (H100, 2026-12-05)."""
+    from vllm.models.minimax_m3.common.series_msa_warmup import warm_block_table
+
+    table = warm_block_table(3, 132096, 128, 50, "cpu")
+    assert table.shape == (3, 1032) and table.dtype == torch.int32
+    assert int(table.max()) < 50 and table.is_contiguous()
+    assert warm_block_table(1, 1000, 128, 9, "cpu").shape == (1, 8)

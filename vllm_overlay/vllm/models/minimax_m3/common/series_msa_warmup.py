@@ -3,14 +3,22 @@
 """Compile the series' MSA kernels at engine start, not at a first request.
 
 The series' Triton kernels specialise on the launch (prefill layout by chunk size
-and context, decode splits by batch size, the sm_90 prefill index where it fits),
-and upstream's MiniMax-M3 runs its sparse layers outside CUDA graphs, so every new
-variant would otherwise compile inside a request (4-7 s at a first 8k prefill on
-the H200). This runs the same two launches the forward pass runs
-(``series_msa.select_blocks`` and ``series_msa.attend``) on the layer's own caches,
-for the batch shapes the engine can schedule: prefill chunks of the full token
-budget at a fresh and at a long context, a short prefill, and decode batches of
-powers of two up to ``max_num_seqs``. The caches are only read.
+and context, decode splits by batch size, the sm_90 prefill index where it fits;
+Triton also keys each compiled variant on which integer arguments are 1 or a
+multiple of 16), and upstream's MiniMax-M3 runs its sparse layers outside CUDA
+graphs, so every new variant would otherwise compile inside a request (4-7 s at a
+first 8k prefill on the H200). This runs the same two launches the forward pass
+runs (``series_msa.select_blocks`` and ``series_msa.attend``) on the layer's own
+caches, for the batch shapes the engine can schedule: prefill parts of 1 to
+``max_num_batched_tokens`` tokens (both sides of every layout threshold, token
+counts that are and are not multiples of 16) at a fresh and at the longest
+context, and decode batches of powers of two up to ``max_num_seqs``.
+
+The block table has the engine's width, ``cdiv(max_model_len, block_size)``
+columns (vLLM's per-request block table; its width sets the kernels' static
+context bound and is one of their integer arguments): a narrower table compiled
+other variants, and the H100 serving matrix of 2026-12-05 logged six of the
+series' kernels compiling inside the first requests. The caches are only read.
 """
 
 import torch
@@ -23,21 +31,36 @@ from .series_msa import (MiniMaxM3SparseSeriesImpl, _ops, attend, select_blocks,
 logger = init_logger(__name__)
 
 
+# prefill part sizes the warm-up launches, capped by the token budget: 1 token,
+# under and over a multiple of 16 below BLOCK_MAJOR_MIN_TOKENS (token tiles), then
+# block-major sizes; the full chunk and the chunk less a few decode tokens are added.
+WARM_PREFILL_TOKENS = (1, 17, 256, 1000, 1024, 1031, 4096, 8192)
+
+
 def warm_cases(max_num_batched_tokens: int, max_num_seqs: int,
                max_model_len: int) -> list[tuple[bool, int, int]]:
-    """(decode?, tokens, context) of the launches to compile."""
+    """(decode?, tokens, context) of the launches to compile, without repeats."""
     chunk = min(max_num_batched_tokens, max_model_len)
-    cases = [(False, chunk, chunk), (False, min(256, chunk), min(256, chunk))]
-    long_ctx = min(max_model_len, 4 * chunk)
-    if long_ctx > chunk:
-        cases.append((False, chunk, long_ctx))
+    sizes = [t for t in WARM_PREFILL_TOKENS if t < chunk] + [max(chunk - 7, 1), chunk]
+    cases = []
+    for tokens in dict.fromkeys(sizes):
+        for context in dict.fromkeys((tokens, max_model_len)):
+            cases.append((False, tokens, context))
     decode_ctx = min(max_model_len, 8192)
     batch = 1
     while batch < max_num_seqs:
         cases.append((True, batch, decode_ctx))
         batch *= 2
     cases.append((True, max_num_seqs, decode_ctx))
-    return [c for c in cases if c[1] >= 1 and c[2] >= c[1]]
+    return list(dict.fromkeys(c for c in cases if c[1] >= 1 and c[2] >= c[1]))
+
+
+def warm_block_table(reqs: int, max_model_len: int, block_size: int, pages: int,
+                     device) -> torch.Tensor:
+    """[reqs, cdiv(max_model_len, block_size)] int32 page ids, the engine's width."""
+    width = -(-max_model_len // block_size)
+    return (torch.arange(reqs * width, device=device, dtype=torch.int32)
+            % pages).view(reqs, width)
 
 
 def series_msa_warmup(model: torch.nn.Module, vllm_config) -> bool:
@@ -63,9 +86,7 @@ def series_msa_warmup(model: torch.nn.Module, vllm_config) -> bool:
                 len(cases))
     for decode, tokens, context in cases:
         reqs = tokens if decode else 1
-        blocks = -(-context // block)
-        block_table = (torch.arange(reqs * blocks, device=dev, dtype=torch.int32)
-                       % pages).view(reqs, blocks)
+        block_table = warm_block_table(reqs, max_model_len, block, pages, dev)
         if decode:
             req = torch.arange(tokens, device=dev, dtype=torch.int32)
             pos = torch.full((tokens,), context - 1, device=dev, dtype=torch.int32)
