@@ -42,10 +42,7 @@ def warm_cases(max_num_batched_tokens: int, max_num_seqs: int,
     """(decode?, tokens, context) of the launches to compile, without repeats."""
     chunk = min(max_num_batched_tokens, max_model_len)
     sizes = [t for t in WARM_PREFILL_TOKENS if t < chunk] + [max(chunk - 7, 1), chunk]
-    cases = []
-    for tokens in dict.fromkeys(sizes):
-        for context in dict.fromkeys((tokens, max_model_len)):
-            cases.append((False, tokens, context))
+    cases = [(False, tokens, context) for tokens in sizes for context in (tokens, max_model_len)]
     decode_ctx = min(max_model_len, 8192)
     batch = 1
     while batch < max_num_seqs:
