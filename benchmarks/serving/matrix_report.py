@@ -78,6 +78,36 @@ def starts(runs: list[dict]) -> str:
     return "; ".join(out) or "-"
 
 
+def _counted(names: list[str]) -> str:
+    """`a` x2, `b` (first-seen order) or none."""
+    counts = {n: names.count(n) for n in dict.fromkeys(names)}
+    return ", ".join(f"`{n}`" + (f" x{c}" if c > 1 else "") for n, c in counts.items()) or "none"
+
+
+def jit_section(sides: dict) -> list[str]:
+    """Which kernels compiled after start-up, per row (vLLM's JIT monitor, from
+    the server log), and each side's series warm-up line; empty for side files
+    written before these were recorded."""
+    rows = [(n, r) for n, s in sides.items() for r in s["rows"].values() if "jit_in_run" in r]
+    if not rows:
+        return []
+    lines = ["", "## Kernels compiled inside requests", "",
+             "vLLM's JIT monitor (`--jit-monitor-verbose` on A and B) in the server log: a kernel "
+             "variant compiled after start-up, during the row's unrecorded warm-up or during "
+             "its recorded run. Rows not listed compiled nothing.", ""]
+    warm = [(n, srv["series_warmup"]) for n, s in sides.items() for run in s["runs"]
+            for srv in run["servers"] if srv.get("series_warmup")]
+    lines += [f"- {n} start-up: {w}" for n, w in warm]
+    hits = [(n, r) for n, r in rows if r.get("jit_in_warmup") or r.get("jit_in_run")]
+    if not hits:
+        return lines + ["", "No row compiled a kernel."]
+    lines += ["", "| side | row | in the row's warm-up | in the recorded run |", "|---|---|---|---|"]
+    for n, r in hits:
+        lines.append(f"| {n} | {r['isl']} / {r['osl']} x {r['concurrency']} | "
+                     f"{_counted(r.get('jit_in_warmup', []))} | {_counted(r.get('jit_in_run', []))} |")
+    return lines
+
+
 def render(sides: dict) -> str:
     if not sides:
         return "# MiniMax-M3 serving matrix\n\nNo side files given.\n"
@@ -137,6 +167,7 @@ def render(sides: dict) -> str:
                          + " | ".join(cell(rows[n], key, fmt) for n in names)
                          + "".join(f" | {ratio(rows[o], rows.get('A'), key)}" for o in others)
                          + " |")
+    lines += jit_section(sides)
     bad = [(n, f"{r['name']} (OSL {r['osl']})" if len(osls) > 1 else r["name"], r)
            for n, s in sides.items() for r in s["rows"].values() if r.get("status") != "ok"]
     if bad:

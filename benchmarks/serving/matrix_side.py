@@ -83,7 +83,8 @@ class SideRun:
         write (the caller rewrites its report, so a killed job still leaves one)."""
         self.side, self.plan, self.m, self.bench, self.on_save = side, plan, m, bench, on_save
         self.cfg = ServerCfg(kv=plan.main_kv, graphs=not plan.smoke, fold=True,
-                             max_len=plan.max_len, env=side.env + extra_env, extra_args=extra_args)
+                             max_len=plan.max_len, env=side.env + extra_env,
+                             extra_args=side.serve_args + tuple(extra_args))
         self.path = plan.out / f"side-{side.name}.json"
         self.server, self.log_offset, self.failed_starts = None, 0, 0
         self.t0 = time.monotonic()
@@ -133,6 +134,9 @@ class SideRun:
         if self.side.version_prefix == "0.26.":  # which MSA path the engine says it took
             server.record["msa_path_in_log"] = (
                 "series" if "selected the series' MSA ops" in text else "upstream (no series line)")
+        warm = re.search(r"Series MiniMax-M3 MSA warm-up: [^\n]*", text)
+        if warm:
+            server.record["series_warmup"] = warm.group(0).rstrip()
         if "disabling vLLM's torch.compile pipeline" in text:
             server.record["compile_note"] = "torch.compile off (VLLM_USE_BREAKABLE_CUDAGRAPH)"
         return True
@@ -216,6 +220,8 @@ class SideRun:
                "cmd": display_cmd(args, plan.model), "server": len(self.state["servers"])}
         bench_log = plan.out / "bench.log"
         bench_offset = bench_log.stat().st_size if bench_log.exists() else 0
+        serve_log = plan.out / "serve.log"
+        row_offset = serve_log.stat().st_size if serve_log.exists() else 0
         if self.m.warmup and c > 1:
             warm = warmup_args(args, c, self.m.warmup_osl, min(isl, self.m.warmup_isl))
             r = self.bench.run(warm, f"side {self.side.name} {name} warm-up (unrecorded)",
@@ -228,8 +234,11 @@ class SideRun:
                 if r["rc"] == "timeout":
                     return dict(rec, status="timeout", reason=f"warm-up: {r.get('error')}")
                 rec["warmup_error"] = str(r.get("error") or f"rc {r['rc']}")[:300]
+        run_offset = serve_log.stat().st_size if serve_log.exists() else 0
+        rec["jit_in_warmup"] = jit_compiles(read_from(serve_log, row_offset)[:run_offset - row_offset])
         r = self.bench.run(args, f"side {self.side.name} {name}", self.timeout())
         rec["bench_wall_s"] = r["wall_s"]
+        rec["jit_in_run"] = jit_compiles(read_from(serve_log, run_offset))
         res = read_result(result, n)
         ok = r["rc"] == 0 and res.get("ok")
         state = server_state(self.server, 0 if ok else 10)
@@ -253,6 +262,15 @@ class SideRun:
         return dict(rec, status="crashed", reason=f"server died {when}",
                     error_line=error_line(text), log_excerpt=error_excerpt(text),
                     log_tail=text[-4000:])
+
+
+JIT_EVENT = re.compile(r"JIT compilation during inference: ([\w.]+?)\.?(?:\s|$)")
+
+
+def jit_compiles(text: str) -> list[str]:
+    """The kernels vLLM's JIT monitor saw compile in ``text`` (a server log slice),
+    in log order, repeats kept (one per variant)."""
+    return JIT_EVENT.findall(text)
 
 
 def read_from(path: Path, offset: int) -> str:

@@ -16,11 +16,17 @@ class Side:
     what: str
     version_prefix: str  # the installed vLLM must start with it
     env: tuple = ()
+    serve_args: tuple = ()  # more `vllm serve` flags for this side's servers
 
 
+# vLLM >= 0.24 logs each Triton kernel compiled after start-up ("JIT compilation during
+# inference"); verbose adds the variant's key, which says what the warm-up missed
+JIT_VERBOSE = ("--jit-monitor-verbose",)
 SIDES = {
-    "A": Side("A", "v0.26.0 wheel, upstream's MSA path", "0.26.", ((MSA_ENV, "upstream"),)),
-    "B": Side("B", "v0.26.0 wheel, the series' MSA path", "0.26.", ((MSA_ENV, "series"),)),
+    "A": Side("A", "v0.26.0 wheel, upstream's MSA path", "0.26.", ((MSA_ENV, "upstream"),),
+              JIT_VERBOSE),
+    "B": Side("B", "v0.26.0 wheel, the series' MSA path", "0.26.", ((MSA_ENV, "series"),),
+              JIT_VERBOSE),
     "C": Side("C", "v0.23.0 wheel with the series", "0.23.", ()),
 }
 

@@ -184,3 +184,39 @@ def test_error_line_prefers_the_cuda_error_and_skips_warnings():
     excerpt = error_excerpt("\n".join(f"INFO {i}" for i in range(50)) + "\n" + log)
     assert excerpt.splitlines()[0] == "INFO 47"  # five lines before the CUDA error
     assert "illegal memory access" in excerpt.splitlines()[5]
+
+
+def test_kernels_compiled_inside_requests_are_read_from_the_log_and_reported(tmp_path):
+    """vLLM's JIT-monitor lines in the server log become per-row lists (repeats are
+    separate variants), and the report names them per row with each side's series
+    warm-up line; rows that compiled nothing stay out of the table."""
+    from benchmarks.serving.matrix_side import jit_compiles
+
+    log = ("(EngineCore pid=1) WARNING 12-05 14:21:17 [jit_monitor.py:135] Triton kernel JIT "
+           "compilation during inference: _compute_slot_mapping_kernel. \n"
+           "INFO unrelated line\n"
+           "WARNING [jit_monitor.py:135] Triton kernel JIT compilation during inference: "
+           "fused_moe_kernel. constexprs={BLOCK_SIZE_M=16}; key=...\n"
+           "WARNING Triton kernel JIT compilation during inference: fused_moe_kernel.\n")
+    assert jit_compiles(log) == ["_compute_slot_mapping_kernel", "fused_moe_kernel",
+                                 "fused_moe_kernel"]
+    assert jit_compiles("INFO no compiles here\n") == []
+    hit = dict(ok_row(8192, 8, 200.0, 7000.0, 3.0), jit_in_warmup=["fused_moe_kernel"] * 2,
+               jit_in_run=["index_block_max_decode_kernel"])
+    clean = dict(ok_row(1024, 1, 380.0, 30.0, 2.5), jit_in_warmup=[], jit_in_run=[])
+    path = side_json(tmp_path / "side-B.json", "B", "2026-12-05", "0.26.0+m3",
+                     {"1k-c1": clean, "8k-c8": hit}, [(94.0, "first")])
+    state = json.loads(Path(path).read_text())
+    state["servers"][0]["series_warmup"] = ("Series MiniMax-M3 MSA warm-up: 2083 launch plans "
+                                            "compiled 97 kernel variants")
+    Path(path).write_text(json.dumps(state))
+    text = render(merge([path]))
+    section = text[text.index("## Kernels compiled inside requests"):]
+    assert "B start-up: Series MiniMax-M3 MSA warm-up: 2083 launch plans" in section
+    assert "| B | 8192 / 256 x 8 | `fused_moe_kernel` x2 | `index_block_max_decode_kernel` |" \
+        in section
+    assert "1024 / 256 x 1" not in section
+    # side files from before these fields: no section at all
+    old = side_json(tmp_path / "side-A.json", "A", "2026-12-05", "0.26.0+m3",
+                    {"1k-c1": ok_row(1024, 1, 300.0, 40.0, 3.0)}, [(170.0, "first")])
+    assert "Kernels compiled inside requests" not in render(merge([old]))
