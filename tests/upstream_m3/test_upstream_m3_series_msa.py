@@ -132,3 +132,62 @@ def test_series_kv_view_reads_upstreams_packed_cache(layout):
     assert torch.equal(view[:, 1], cache[..., d:].permute(0, 2, 1, 3))
     view[1, 1, 5, 0, 2] = 42.0          # the same memory, not a copy
     assert cache[1, 0, 5, d + 2] == 42.0
+
+
+@pytest.mark.parametrize("query_len", [1, 3])
+def test_decode_layout_one_token_per_request_matches_the_general_rule(query_len):
+    """Token t of a uniform decode batch belongs to request t // query_len at position
+    seq_len - query_len + t % query_len; the one-token-per-request path (two launches)
+    gives exactly that, as int32 on the metadata's device."""
+    from vllm.models.minimax_m3.common.series_msa import decode_layout
+
+    seq_lens = torch.tensor([5, 130, 1, 4097], dtype=torch.int32)
+    tokens = seq_lens.numel() * query_len
+    req, pos = decode_layout(seq_lens, tokens, query_len)
+    t = torch.arange(tokens)
+    want_req = t // query_len
+    want_pos = (seq_lens.long()[want_req] - query_len + t % query_len).clamp(min=0)
+    assert req.dtype == pos.dtype == torch.int32
+    assert req.tolist() == want_req.tolist() and pos.tolist() == want_pos.tolist()
+    # a decode batch shorter than the cached arange, then one longer: still [0, n)
+    assert decode_layout(seq_lens[:2], 2, 1)[0].tolist() == [0, 1]
+    long = torch.full((3000,), 7, dtype=torch.int32)
+    assert decode_layout(long, 3000, 1)[0].tolist() == list(range(3000))
+
+
+def test_token_maps_are_built_once_per_metadata_object(monkeypatch):
+    """Every sparse layer's indexer and attention call _parts on the same metadata
+    object in a step: the maps are built on the first call only, while the block
+    tables are read afresh; a copy of the metadata (vLLM swaps block tables on
+    copies) builds its own."""
+    import copy
+    from types import SimpleNamespace
+
+    from vllm.models.minimax_m3.common import series_msa
+
+    builds = []
+    real = series_msa._token_maps
+    monkeypatch.setattr(series_msa, "_token_maps",
+                        lambda md: builds.append(id(md)) or real(md))
+    md = SimpleNamespace(
+        num_decodes=2, num_decode_tokens=2, num_prefills=1, num_actual_tokens=5,
+        decode=SimpleNamespace(seq_lens=torch.tensor([9, 3], dtype=torch.int32),
+                               decode_query_len=1, block_table=torch.zeros(2, 4)),
+        prefill=SimpleNamespace(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32),
+                                seq_lens=torch.tensor([10], dtype=torch.int32),
+                                block_table=torch.ones(1, 4)))
+    first = series_msa._parts(md)
+    for _ in range(5):  # the other layers' calls
+        again = series_msa._parts(md)
+    assert len(builds) == 1
+    (d, d0, d1, dbt, dreq, dpos), (p, p0, p1, pbt, preq, ppos) = again
+    assert (d, d0, d1, p, p0, p1) == (True, 0, 2, False, 2, 5)
+    assert dreq.tolist() == [0, 1] and dpos.tolist() == [8, 2]
+    assert preq.tolist() == [0, 0, 0] and ppos.tolist() == [7, 8, 9]
+    assert all(a[4] is b[4] and a[5] is b[5] for a, b in zip(first, again))
+    swapped = copy.copy(md)
+    swapped.decode = SimpleNamespace(**vars(md.decode), )
+    swapped.decode.block_table = torch.full((2, 4), 3.0)
+    parts = series_msa._parts(swapped)
+    assert len(builds) == 2 and parts[0][3] is swapped.decode.block_table
+    assert series_msa._parts(md)[0][3] is md.decode.block_table and len(builds) == 2

@@ -54,9 +54,30 @@ def series_kv_view(kv_cache: torch.Tensor) -> torch.Tensor:
         kv_cache.storage_offset())
 
 
+_ARANGE: dict[torch.device, torch.Tensor] = {}
+
+
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """[0, n) int32: a view of one cached device tensor, no launch per call
+    (computed afresh while a CUDA graph is being captured)."""
+    buf = _ARANGE.get(device)
+    if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.arange(n, device=device, dtype=torch.int32)
+        buf = torch.arange(max(1024, 1 << (n - 1).bit_length()), device=device,
+                           dtype=torch.int32)
+        _ARANGE[device] = buf
+    return buf[:n]
+
+
 def decode_layout(seq_lens: torch.Tensor, num_tokens: int, query_len: int):
-    """(request, position) of uniform decode tokens: ``query_len`` per request."""
-    tokens = torch.arange(num_tokens, device=seq_lens.device, dtype=torch.int32)
+    """(request, position) of uniform decode tokens: ``query_len`` per request.
+    One token per request (no speculative tokens) takes two launches: token i
+    is request i at position ``seq_lens[i] - 1``."""
+    if query_len == 1:
+        pos = seq_lens[:num_tokens].to(torch.int32) - 1
+        return _arange(num_tokens, seq_lens.device), pos.clamp_(min=0)
+    tokens = _arange(num_tokens, seq_lens.device)
     req = tokens // query_len
     pos = seq_lens.to(torch.int32)[req.long()] - query_len + tokens % query_len
     return req, pos.clamp(min=0)
@@ -64,22 +85,38 @@ def decode_layout(seq_lens: torch.Tensor, num_tokens: int, query_len: int):
 
 def prefill_layout(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
     """(request, position) of prefill tokens (``cu_seqlens_q`` rebased to 0)."""
-    tokens = torch.arange(num_tokens, device=seq_lens.device, dtype=torch.int32)
-    return token_request_positions(cu_seqlens_q, seq_lens, tokens)
+    return token_request_positions(cu_seqlens_q, seq_lens, _arange(num_tokens, seq_lens.device))
+
+
+def _token_maps(md):
+    """(decode (request, position), prefill (request, position)) of the batch,
+    either None where the batch has no such tokens."""
+    nd, total = md.num_decode_tokens, md.num_actual_tokens
+    dec = pre = None
+    if md.num_decodes > 0:
+        dec = decode_layout(md.decode.seq_lens, nd, md.decode.decode_query_len)
+    if md.num_prefills > 0:
+        pre = prefill_layout(md.prefill.cu_seqlens_q, md.prefill.seq_lens, total - nd)
+    return dec, pre
 
 
 def _parts(md):
-    """[(decode?, first token, end token, block table, request, position)] of the batch."""
-    parts = []
+    """[(decode?, first token, end token, block table, request, position)] of the batch.
+    The token maps are built once per metadata object (every sparse layer's indexer
+    and attention reads the same batch: on the H100, 6 rebuilds a step on 3 layers
+    were about 50 small launches per batch-1 decode step); a copy of the metadata
+    (vLLM copies it to swap block tables) builds its own."""
+    cached = getattr(md, "_series_token_maps", None)
+    if cached is None or cached[0] != id(md):
+        cached = (id(md), _token_maps(md))
+        md._series_token_maps = cached
+    dec, pre = cached[1]
     nd, total = md.num_decode_tokens, md.num_actual_tokens
-    if md.num_decodes > 0:
-        d = md.decode
-        req, pos = decode_layout(d.seq_lens, nd, d.decode_query_len)
-        parts.append((True, 0, nd, d.block_table, req, pos))
-    if md.num_prefills > 0:
-        p = md.prefill
-        req, pos = prefill_layout(p.cu_seqlens_q, p.seq_lens, total - nd)
-        parts.append((False, nd, total, p.block_table, req, pos))
+    parts = []
+    if dec is not None:
+        parts.append((True, 0, nd, md.decode.block_table, *dec))
+    if pre is not None:
+        parts.append((False, nd, total, md.prefill.block_table, *pre))
     return parts
 
 
