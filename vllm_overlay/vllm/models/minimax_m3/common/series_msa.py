@@ -43,6 +43,13 @@ def series_msa_selected() -> bool:
     return choice == "series"
 
 
+def series_kv_cache(impl, kv_cache: torch.Tensor) -> torch.Tensor:
+    """Upstream's K/V cache as the series' kernels read it: viewed as the FP8
+    dtype the impl was built with when the cache holds FP8 (vLLM allocates it
+    as uint8), else as it is."""
+    return kv_cache.view(impl.kv_cache_fp8_dtype) if impl.use_fp8_kv else kv_cache
+
+
 def series_kv_view(kv_cache: torch.Tensor) -> torch.Tensor:
     """Upstream's K/V cache (logical [pages, Hkv, page, 2 D]) as the series'
     [pages, 2, page, Hkv, D] view of the same memory."""
@@ -168,7 +175,7 @@ def series_attention_forward(impl, layer, query: torch.Tensor, kv_cache: torch.T
     total, hd = md.num_actual_tokens, impl.head_size
     q = query[:total].view(-1, impl.num_heads, hd)
     out = output[:total].view(-1, impl.num_heads, hd)
-    cache = kv_cache.view(impl.kv_cache_fp8_dtype) if impl.use_fp8_kv else kv_cache
+    cache = series_kv_cache(impl, kv_cache)
     kv = series_kv_view(cache)
     mode, k_scale, v_scale = 0, None, None
     if impl.use_fp8_kv:  # scalar scales, as upstream reads them

@@ -38,7 +38,7 @@ import torch
 from vllm.logger import init_logger
 
 from .series_msa import (MiniMaxM3SparseSeriesImpl, _ops, attend, select_blocks,
-                         series_kv_view)
+                         series_kv_cache, series_kv_view)
 
 logger = init_logger(__name__)
 
@@ -152,8 +152,7 @@ class _Launches:
 
     def __init__(self, layer, ops, dtype, rows: int, max_model_len: int):
         impl, index = layer.impl, layer.indexer.impl
-        cache = layer.kv_cache.view(impl.kv_cache_fp8_dtype) if impl.use_fp8_kv \
-            else layer.kv_cache
+        cache = series_kv_cache(impl, layer.kv_cache)
         self.impl, self.index, self.ops, self.max_model_len = impl, index, ops, max_model_len
         self.kv, self.index_cache = series_kv_view(cache), index.index_cache.kv_cache
         self.scales = ((1, layer._k_scale, layer._v_scale) if impl.use_fp8_kv
@@ -164,14 +163,18 @@ class _Launches:
                               dtype=self.index_cache.dtype, device=self.dev)
         self.q = torch.zeros(rows, impl.num_heads, impl.head_size, dtype=dtype, device=self.dev)
         self.out = torch.empty_like(self.q)
-        self.tables: dict[int, torch.Tensor] = {}
+        self._table: torch.Tensor | None = None
         self.topk_buffer = getattr(index, "topk_indices_buffer", None)
 
     def table(self, reqs: int) -> torch.Tensor:
-        if reqs not in self.tables:
-            self.tables[reqs] = warm_block_table(reqs, self.max_model_len,
-                                                 self.impl.block_size, self.pages, self.dev)
-        return self.tables[reqs]
+        """The first ``reqs`` rows of one table grown on demand: a row slice keeps
+        the data pointer and strides, so Triton picks the variant a table of
+        exactly ``reqs`` rows gets (one allocation, not one per batch size)."""
+        if self._table is None or self._table.shape[0] < reqs:
+            grown = max(reqs, 2 * self._table.shape[0] if self._table is not None else 1)
+            self._table = warm_block_table(grown, self.max_model_len, self.impl.block_size,
+                                           self.pages, self.dev)
+        return self._table[:reqs]
 
     def layout(self, tokens: int, context: int) -> dict:
         from .triton_ops import default_prefill_layout
@@ -239,7 +242,7 @@ def series_msa_warmup(model: torch.nn.Module, vllm_config) -> bool:
     if layer is None or layer.kv_cache.numel() == 0 or not layer.kv_cache.is_cuda:
         return False
     impl = layer.impl
-    cache = layer.kv_cache.view(impl.kv_cache_fp8_dtype) if impl.use_fp8_kv else layer.kv_cache
+    cache = series_kv_cache(impl, layer.kv_cache)
     ops = _ops(cache, impl)
     if not ops.triton:
         return False
