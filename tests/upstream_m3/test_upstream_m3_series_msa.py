@@ -191,3 +191,21 @@ def test_token_maps_are_built_once_per_metadata_object(monkeypatch):
     parts = series_msa._parts(swapped)
     assert len(builds) == 2 and parts[0][3] is swapped.decode.block_table
     assert series_msa._parts(md)[0][3] is md.decode.block_table and len(builds) == 2
+
+
+
+@pytest.mark.parametrize("rocm", [False, True], ids=["nvidia-token-major", "amd-head-major"])
+def test_series_reads_the_topk_buffer_token_major_on_both_models(monkeypatch, rocm):
+    """The series' ops read and write the shared top-k buffer token-major
+    (`token_major_topk`): the NVIDIA model's buffer [tokens, heads, top-k] as it is,
+    the AMD model's [heads, tokens, top-k] as a transposed view of the same memory."""
+    from vllm.models.minimax_m3.common import series_msa, sparse_attention
+
+    monkeypatch.setattr(sparse_attention.current_platform, "is_rocm", lambda: rocm)
+    tokens, heads, k = 12, 4, 3
+    buf = torch.arange(tokens * heads * k, dtype=torch.int32)
+    buf = buf.view(heads, tokens, k) if rocm else buf.view(tokens, heads, k)
+    view = series_msa.token_major_topk(buf)
+    assert view.shape == (tokens, heads, k) and view.data_ptr() == buf.data_ptr()
+    assert torch.equal(view, buf.transpose(0, 1) if rocm else buf)
+    assert series_msa.token_major_topk(None) is None

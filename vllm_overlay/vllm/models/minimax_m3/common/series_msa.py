@@ -3,8 +3,9 @@
 """The MiniMax-M3 series' MSA kernels inside upstream's MiniMax-M3.
 
 Upstream's sparse layer runs its indexer (top-k block ids into the shared
-token-major ``topk_indices_buffer`` [tokens, KV heads, top-k]) and then its
-block-sparse attention; both pick a kernel impl class. With
+``topk_indices_buffer``: token-major [tokens, KV heads, top-k] in the NVIDIA
+model, head-major in the AMD one; the series reads it token-major either way,
+``token_major_topk``) and then its block-sparse attention; both pick a kernel impl class. With
 ``VLLM_MINIMAX_M3_MSA=series`` (the default) these two impls run the series'
 ops instead: the Triton kernels of ``triton_ops`` on CUDA/ROCm, the PyTorch
 reference of ``sparse_ops`` elsewhere (vLLM's CPU build, where upstream's
@@ -28,7 +29,7 @@ from vllm.platforms import current_platform
 
 from .indexer import MiniMaxM3IndexerTritonImpl
 from .msa_ops import SparseOps, select_sparse_ops, token_request_positions
-from .sparse_attention import MiniMaxM3SparseImpl
+from .sparse_attention import MiniMaxM3SparseImpl, topk_buffer_head_major
 
 
 def series_msa_selected() -> bool:
@@ -41,6 +42,14 @@ def series_msa_selected() -> bool:
             "(or set it to 'series') to run MiniMax-M3 with the series' MSA ops here."
         )
     return choice == "series"
+
+
+def token_major_topk(buf: torch.Tensor | None) -> torch.Tensor | None:
+    """The models' shared top-k buffer as the series' ops read and write it,
+    [tokens, index heads, top-k]: the NVIDIA model's buffer as it is, the AMD
+    model's (head-major) as a transposed view."""
+    head_major = topk_buffer_head_major(buf)
+    return None if head_major is None else head_major.transpose(0, 1)
 
 
 def series_kv_cache(impl, kv_cache: torch.Tensor) -> torch.Tensor:
@@ -148,7 +157,7 @@ def series_index_forward(impl, index_query: torch.Tensor):
         raise ValueError(
             f"the series' MSA path reads a {iq.dtype} index-key cache, got {cache.dtype}; "
             "use the model dtype for index keys or VLLM_MINIMAX_M3_MSA=upstream")
-    buf = impl.topk_indices_buffer
+    buf = token_major_topk(impl.topk_indices_buffer)
     if buf is None:
         buf = torch.empty(total, impl.num_index_heads, impl.topk_blocks, dtype=torch.int32,
                           device=iq.device)
@@ -180,7 +189,7 @@ def series_attention_forward(impl, layer, query: torch.Tensor, kv_cache: torch.T
     mode, k_scale, v_scale = 0, None, None
     if impl.use_fp8_kv:  # scalar scales, as upstream reads them
         mode, k_scale, v_scale = 1, layer._k_scale, layer._v_scale
-    topk = layer.topk_indices_buffer
+    topk = token_major_topk(layer.topk_indices_buffer)
     ops = _ops(cache, impl)
     for decode, first, end, block_table, req, pos in _parts(md):
         args = (q[first:end], kv, block_table, req, pos, topk[first:end], impl.block_size,

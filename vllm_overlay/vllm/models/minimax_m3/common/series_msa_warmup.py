@@ -38,7 +38,7 @@ import torch
 from vllm.logger import init_logger
 
 from .series_msa import (MiniMaxM3SparseSeriesImpl, _ops, attend, select_blocks,
-                         series_kv_cache, series_kv_view)
+                         series_kv_cache, series_kv_view, token_major_topk)
 
 logger = init_logger(__name__)
 
@@ -164,7 +164,7 @@ class _Launches:
         self.q = torch.zeros(rows, impl.num_heads, impl.head_size, dtype=dtype, device=self.dev)
         self.out = torch.empty_like(self.q)
         self._table: torch.Tensor | None = None
-        self.topk_buffer = getattr(index, "topk_indices_buffer", None)
+        self.topk_buffer = token_major_topk(getattr(index, "topk_indices_buffer", None))
 
     def table(self, reqs: int) -> torch.Tensor:
         """The first ``reqs`` rows of one table grown on demand: a row slice keeps
