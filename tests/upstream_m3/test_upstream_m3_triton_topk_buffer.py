@@ -1,6 +1,6 @@
 """Upstream's Triton MSA path reads the shared top-k buffer in the layout the model
-allocates (entry `minimax-m3-read-the-token-major-top-k-buffer-head-major...`, a
-backport of vllm#49149).
+allocates (v0.26.0 entry `read-the-token-major-top-k-buffer-head-major-in-the-triton-i`,
+the fix of vllm#49149).
 
 vLLM v0.26.0's NVIDIA MiniMax-M3 allocates the buffer token-major [tokens, index
 heads, top-k]; its Triton indexer and attention indexed it head-major. With more
@@ -8,7 +8,7 @@ decode tokens than index heads (4 per rank at TP1) (head, token) rows aliased, a
 a mixed batch with at least 4 decode tokens the prefill's view was empty, a null
 pointer the top-k kernel wrote through: the illegal memory access of side A of the
 serving matrix at 8k x 8 and 32k x 8 (H100, 2026-12-05). Before the fix these three
-cases, run here on CPU through Triton's interpreter, gave NaN, a 0.25 error and a
+cases, run here on CPU through Triton's interpreter, gave NaN, a 0.40 error and a
 segmentation fault. They also check upstream's path against the series' on one
 layer (the op-level half of the A-vs-B comparison)."""
 
@@ -21,13 +21,13 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).with_name("upstream_triton_on_cpu.py")
-DECODES = "700,900,1100,1300,650,1000,1200,800"   # 8 decode tokens, 6-11 blocks each
+DECODES = "300,450,600,380,520,640,330,410"   # 8 decode tokens, 3-5 blocks each, top-2
 
 
 @pytest.mark.parametrize("decodes, prefills", [
     (DECODES, ""),          # more decode tokens than index heads: rows aliased
-    ("700", "300+20"),      # 1 decode + 1 prefill: the prefill overwrote decode rows
-    (DECODES, "300+20"),    # >= 4 decodes + a prefill: a null top-k pointer (crash)
+    ("300", "200+16"),      # 1 decode + 1 prefill: the prefill overwrote decode rows
+    (DECODES, "200+16"),    # >= 4 decodes + a prefill: a null top-k pointer (crash)
 ], ids=["decode-8", "mixed-1-decode", "mixed-8-decodes"])
 def test_upstream_triton_path_matches_the_series_on_the_models_buffer(decodes, prefills):
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -40,7 +40,7 @@ from vllm.models.minimax_m3.common import indexer as up_indexer  # noqa: E402
 from vllm.models.minimax_m3.common import series_msa  # noqa: E402
 from vllm.models.minimax_m3.common import sparse_attention as up_attn  # noqa: E402
 
-BLOCK, KV_HEADS, GQA, HEAD_DIM, INDEX_DIM, TOPK = 128, 4, 2, 128, 128, 4
+BLOCK, KV_HEADS, GQA, HEAD_DIM, INDEX_DIM, TOPK = 128, 4, 2, 128, 128, 2
 DTYPE = torch.float16
 TOLERANCE = 3e-2
 
