@@ -29,7 +29,7 @@ from vllm.platforms import current_platform
 
 from .indexer import MiniMaxM3IndexerTritonImpl
 from .msa_ops import SparseOps, select_sparse_ops, token_request_positions
-from .sparse_attention import MiniMaxM3SparseImpl, topk_buffer_head_major
+from .sparse_attention import MiniMaxM3SparseImpl
 
 
 def series_msa_selected() -> bool:
@@ -48,8 +48,9 @@ def token_major_topk(buf: torch.Tensor | None) -> torch.Tensor | None:
     """The models' shared top-k buffer as the series' ops read and write it,
     [tokens, index heads, top-k]: the NVIDIA model's buffer as it is, the AMD
     model's (head-major) as a transposed view."""
-    head_major = topk_buffer_head_major(buf)
-    return None if head_major is None else head_major.transpose(0, 1)
+    if buf is None or not current_platform.is_rocm():
+        return buf
+    return buf.transpose(0, 1)
 
 
 def series_kv_cache(impl, kv_cache: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,32 @@
+"""The series' decode path issues few PyTorch ops per step besides its kernels: the
+token -> request / position maps are built once per metadata object (2 small kernels
+for one token per request), not by every sparse layer's indexer and attention. On the
+H100 (2026-12-05) those per-layer rebuilds were about 50 small launches per batch-1
+decode step; `benchmarks/engine_ab/host_dispatch.py` counts them on CPU with the
+Triton launches stubbed. Counts, not timings."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_decode_step_issues_no_per_layer_map_kernels(tmp_path):
+    out = tmp_path / "host.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_ab.host_dispatch", "--steps", "3",
+         "--batches", "1,8", "--out", str(out)],
+        cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+        text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    rows = {(r["path"], r["batch"]): r for r in json.loads(out.read_text())["rows"]}
+    for batch in (1, 8):
+        series, upstream = rows[("series", batch)], rows[("upstream", batch)]
+        # 3 sparse layers share 2 metadata objects (indexer, attention): 2 ops each
+        assert series["kernel_ops"] <= 4, series["ops"]
+        # each layer: the index (scores, top-k) and the attention (blocks, merge)
+        assert series["launches"] <= 12, series["kernels"]
+        # the harness drove upstream's path too (its kernels, stubbed, were reached)
+        assert upstream["launches"] > 0, upstream
