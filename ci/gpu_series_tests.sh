@@ -36,7 +36,7 @@ fp8kv_dense_prefix    | VLLM_MINIMAX_M3_DENSE_PREFIX_MIN_TOKENS=16 | tests/model
 fp8kv                 | -                                       | tests/models/test_minimax_m3_fp8_kv.py | per-token-head / scalar FP8 KV engines
 fp8index              | -                                       | tests/models/test_minimax_m3_fp8_index.py | optional FP8 index-key cache
 fp8ckpt               | -                                       | tests/models/test_minimax_m3_fp8_dynamic.py | compressed-tensors FP8-dynamic checkpoints
-mxfp8ckpt             | -                                       | tests/models/test_minimax_m3_mxfp8.py tests/models/test_minimax_m3_mxfp4.py | MiniMax-M3-MXFP8 format: Marlin parity, FP8 KV off and on; Quark MXFP4 detection
+mxfp8ckpt             | -                                       | tests/models/test_minimax_m3_mxfp8.py tests/models/test_minimax_m3_mxfp4.py | MiniMax-M3-MXFP8 format: Marlin parity, FP8 KV off and on; Quark MXFP4 detection and the weights-only MXFP4 path (VLLM_MINIMAX_M3_MXFP4=bf16)
 production_heads      | -                                       | tests/models/test_minimax_m3_production_heads.py | one TP4 rank head shapes: bf16 and fp8 KV through the sm_90 kernels
 production_heads_bf16 | -                                       | tests/models/test_minimax_m3_production_heads.py -k bf16_block_major | its bf16 test only
 models_graphs         | M3_TEST_GRAPHS=1                        | tests/models/test_minimax_m3.py -k "chunked_prefill or preemption or fused_shared or bf16_teacher" | parity with graphs (FULL_AND_PIECEWISE)

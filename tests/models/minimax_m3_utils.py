@@ -203,9 +203,11 @@ def graphs_requested() -> bool:
     return os.environ.get("M3_TEST_GRAPHS", "0") == "1"
 
 
-def run_vllm(workdir: str, model: str, prompts, max_tokens: int, timeout=600, **kw):
+def run_vllm(workdir: str, model: str, prompts, max_tokens: int, timeout=600,
+             env: dict | None = None, **kw):
     """Run one vLLM engine in a fresh process; returns the runner's JSON.
-    ``graphs=True`` (default: ``M3_TEST_GRAPHS``) compiles and captures graphs."""
+    ``graphs=True`` (default: ``M3_TEST_GRAPHS``) compiles and captures graphs;
+    ``env`` adds environment variables for that process."""
     os.makedirs(workdir, exist_ok=True)
     kw.setdefault("graphs", graphs_requested())
     spec = dict(
@@ -218,7 +220,7 @@ def run_vllm(workdir: str, model: str, prompts, max_tokens: int, timeout=600, **
     spec_p, out_p, run_p = (os.path.join(workdir, n) for n in ("spec.json", "out.json", "run.py"))
     json.dump(spec, open(spec_p, "w"))
     open(run_p, "w").write(_RUNNER)
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **(env or {}))
     proc = subprocess.run(
         [sys.executable, run_p, spec_p, out_p],
         env=env,

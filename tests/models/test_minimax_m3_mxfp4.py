@@ -8,9 +8,14 @@ MXFP4 x MXFP4 backend where one exists (AMD), else its emulation
 (``OCP_MXQuantizationEmulationTritonExperts``: Triton experts on weights
 dequantized on the fly, activations quantize-dequantized), and the shared
 expert's linears emulate in PyTorch; both emulations call the ``amd-quark``
-package. On CPU there is no path (the emulated experts are Triton GPU
+package. On CPU that path does not exist (the emulated experts are Triton GPU
 kernels); the model refuses at construction, naming the checkpoint and the
-alternative. On an NVIDIA GPU without ``amd-quark`` it refuses likewise.
+alternatives. On an NVIDIA GPU without ``amd-quark`` it refuses likewise.
+
+The series' own path, on every platform: ``VLLM_MINIMAX_M3_MXFP4=bf16`` loads the
+MXFP4 weights dequantized (``common/mxfp4.py``) into an unquantized model, a
+weights-only approximation; its tests are at the end of this file (the engine
+parity one also runs in the GPU job's mxfp8ckpt suite).
 
 CPU stand-in (CPU_MXFP4_STANDIN: the CPU refusal lifted, MXFP4 weights
 dequantized with ``mxfp4_checkpoint``'s reference, activations left in bf16 --
@@ -86,6 +91,7 @@ def test_mxfp4_quark_on_cpu_is_refused_clearly(tmp_path):
     err = res.get("error", "") + res.get("traceback", "")
     assert "amd/MiniMax-M3-MXFP4" in err and "cannot run on CPU" in err, err[-3000:]
     assert "serve the BF16 checkpoint MiniMaxAI/MiniMax-M3" in err, err[-3000:]
+    assert "VLLM_MINIMAX_M3_MXFP4=bf16" in err, err[-3000:]   # the path that works here
 
 
 CPU_MXFP4_STANDIN = """
@@ -211,3 +217,132 @@ def probe(model):
     assert err <= 1.5 * hf_err + 0.02, (err, hf_err)
     assert (got - ref16).abs().median().item() < 0.15
     assert bad_err > max(1.5 * hf_err + 0.02, 2 * err), (bad_err, err)
+
+
+# ---- the weights-only path: VLLM_MINIMAX_M3_MXFP4=bf16 (common/mxfp4.py) ----
+
+def test_mxfp4_dequantizer_matches_the_reference_and_names_bad_tensors():
+    """The product's dequantizer (its own code) against this file's reference, on
+    every code and a spread of scales; scales as float8_e8m0fnu are read as uint8;
+    a shape or dtype mismatch and the E8M0 NaN code are errors naming the tensor."""
+    from vllm.models.minimax_m3.common.mxfp4 import dequantize_mxfp4 as product
+
+    g = torch.Generator().manual_seed(7)
+    packed = torch.randint(0, 256, (6, 64), dtype=torch.uint8, generator=g)
+    packed[0, :8] = torch.arange(8, dtype=torch.uint8) * 17 + torch.tensor(
+        [0, 8, 0, 8, 0, 8, 0, 8], dtype=torch.uint8)   # every code, both nibbles
+    scales = torch.randint(100, 150, (6, 4), dtype=torch.uint8, generator=g)
+    want = dequantize_mxfp4(packed, scales)
+    assert torch.equal(product(packed, scales, torch.float32), want)
+    assert torch.equal(product(packed, scales, torch.bfloat16), want.to(torch.bfloat16))
+    if hasattr(torch, "float8_e8m0fnu"):
+        assert torch.equal(product(packed, scales.view(torch.float8_e8m0fnu),
+                                   torch.float32), want)
+    with pytest.raises(ValueError, match="experts.3.w1.weight holds .* but .* scales"):
+        product(packed, scales[:, :3], torch.bfloat16, "experts.3.w1.weight")
+    with pytest.raises(ValueError, match="must be uint8"):
+        product(packed.to(torch.int16), scales, torch.bfloat16)
+    nan = scales.clone()
+    nan[2, 1] = 255
+    with pytest.raises(ValueError, match="NaN"):
+        product(packed, nan, torch.bfloat16, "experts.0.w2.weight")
+
+
+def test_mxfp4_stream_pairs_weights_with_scales_in_any_order():
+    from vllm.models.minimax_m3.common.mxfp4 import dequantized_weights
+
+    q, s = quantize_mxfp4(torch.randn(4, 64))
+    dense = torch.randn(3, 3)
+    stream = [("a.weight_scale", s), ("x.weight", dense), ("a.weight", q),
+              ("b.weight", q), ("b.weight_scale", s)]
+    out = dict(dequantized_weights(stream, torch.float32))
+    assert set(out) == {"a.weight", "x.weight", "b.weight"}
+    assert torch.equal(out["a.weight"], dequantize_mxfp4(q, s)) and out["x.weight"] is dense
+    with pytest.raises(ValueError, match="c.weight but no c.weight_scale"):
+        list(dequantized_weights([("c.weight", q)], torch.float32))
+
+
+def test_mxfp4_knob_refuses_unknown_values(monkeypatch):
+    from vllm.models.minimax_m3.common import envs
+
+    monkeypatch.setenv("VLLM_MINIMAX_M3_MXFP4", "fp4")
+    with pytest.raises(ValueError, match="'emulate' .* or 'bf16'"):
+        envs.VLLM_MINIMAX_M3_MXFP4
+    monkeypatch.delenv("VLLM_MINIMAX_M3_MXFP4")
+    assert envs.VLLM_MINIMAX_M3_MXFP4 == "emulate"
+
+
+def test_mxfp4_weights_only_refuses_other_quark_schemes(monkeypatch):
+    from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig
+    from vllm.models.minimax_m3.common.model import _mxfp4_as_bf16
+
+    monkeypatch.setenv("VLLM_MINIMAX_M3_MXFP4", "bf16")
+    assert _mxfp4_as_bf16(QuarkConfig.from_config(json.loads(json.dumps(QUARK_MXFP4))))
+    mixed = json.loads(json.dumps(QUARK_MXFP4))
+    mixed["layer_quant_config"]["*self_attn*"] = {
+        "weight": dict(_MXFP4, dtype="fp8_e4m3", qscheme="per_tensor", group_size=None),
+        "input_tensors": None, "output_tensors": None, "bias": None, "target_device": None}
+    with pytest.raises(ValueError, match="also declares weight fp8_e4m3"):
+        _mxfp4_as_bf16(QuarkConfig.from_config(mixed))
+    monkeypatch.setenv("VLLM_MINIMAX_M3_MXFP4", "emulate")
+    assert not _mxfp4_as_bf16(QuarkConfig.from_config(mixed))
+
+
+def test_mxfp4_weights_only_matches_transformers_on_dequantized_weights(tmp_path):
+    """The product path, nothing patched: VLLM_MINIMAX_M3_MXFP4=bf16 serves the
+    synthetic amd/MiniMax-M3-MXFP4-format checkpoint (its weights dequantized while
+    loading, the model unquantized) and matches transformers on the dequantized
+    weights (the bf16 criterion of the stand-in test); a checkpoint with reversed
+    expert scale rows fails it; a checkpoint missing a scale tensor is refused
+    naming it."""
+    from safetensors.torch import save_file
+    from transformers.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
+
+    base = build_checkpoint(str(tmp_path / "base"), initializer_range=0.1)
+    src = vary_rows(base, str(tmp_path / "src"), EXPERT_RE)
+    mx = convert_to_quark_mxfp4(src, str(tmp_path / "mx4"))
+    deq = dequantize_checkpoint(mx, str(tmp_path / "deq"))
+    g = torch.Generator().manual_seed(4321)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 32, 100, 200)]
+    kw = dict(dtype="bfloat16", block_size=32, max_model_len=256, max_num_seqs=8,
+              enable_prefix_caching=False)
+    env = {"VLLM_MINIMAX_M3_MXFP4": "bf16"}
+    probe = """
+def probe(model):
+    return sorted({type(m.quant_method).__name__ for m in model.modules()
+                   if getattr(m, "quant_method", None) is not None})
+"""
+
+    def lps(name, path, **more):
+        res = run_vllm(str(tmp_path / f"run_{name}"), path, prompts, 1, prompt_logprobs=0,
+                       llm_kwargs=kw, env=env, **more)
+        return res, (None if "error" in res else torch.tensor(
+            [x for o in res["rounds"][0] for x in o["prompt_logprobs"][1:]]))
+
+    res, got = lps("mx4", mx, probe=probe)
+    assert got is not None, res.get("traceback", res)
+    assert not any("Quark" in m or "Fp8" in m for m in res["probe"]), res["probe"]
+
+    def hf(dtype):
+        m = MiniMaxM3SparseForConditionalGeneration.from_pretrained(deq, dtype=dtype).eval()
+        return torch.tensor([x for p in prompts for x in hf_token_logprobs(m, p)])
+
+    ref32, ref16 = hf(torch.float32), hf(torch.bfloat16)
+    hf_err = (ref16 - ref32).abs().mean().item()
+    err = (got - ref32).abs().mean().item()
+    _, bad = lps("corrupt", _corrupt(convert_to_quark_mxfp4(src, str(tmp_path / "bad"))))
+    bad_err = (bad - ref32).abs().mean().item()
+    print(f"mxfp4 weights-only: mean |diff| {err:.4f} (transformers bf16 {hf_err:.4f}); "
+          f"reversed expert scale rows {bad_err:.4f}")
+    assert err <= 1.5 * hf_err + 0.02, (err, hf_err)
+    assert (got - ref16).abs().median().item() < 0.15
+    assert bad_err > max(1.5 * hf_err + 0.02, 2 * err), (bad_err, err)
+
+    gone = convert_to_quark_mxfp4(src, str(tmp_path / "gone"))
+    t = read_checkpoint(gone)
+    missing = next(n for n in t if ".experts." in n and n.endswith(".weight_scale"))
+    del t[missing]
+    save_file(t, os.path.join(gone, "model.safetensors"), metadata={"format": "pt"})
+    res, _ = lps("gone", gone)
+    err_text = res.get("error", "") + res.get("traceback", "")
+    assert f"has {missing[:-len('_scale')]} but no {missing}" in err_text, err_text[-3000:]
