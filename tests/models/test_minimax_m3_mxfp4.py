@@ -164,10 +164,30 @@ def _corrupt(path):
     return path
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU stand-in")
-def test_mxfp4_cpu_standin_matches_transformers_on_dequantized_weights(tmp_path):
+def _assert_bf16_parity(label: str, got, bad, deq: str, prompts) -> None:
+    """The engine's prompt logprobs ``got`` match transformers on the dequantized
+    checkpoint ``deq`` as closely as transformers' own bf16 matches its fp32 (the
+    criterion of test_minimax_m3_mxfp8.py), and ``bad`` (reversed expert scale rows)
+    does not."""
     from transformers.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
 
+    def hf(dtype):
+        m = MiniMaxM3SparseForConditionalGeneration.from_pretrained(deq, dtype=dtype).eval()
+        return torch.tensor([x for p in prompts for x in hf_token_logprobs(m, p)])
+
+    ref32, ref16 = hf(torch.float32), hf(torch.bfloat16)
+    hf_err = (ref16 - ref32).abs().mean().item()
+    err = (got - ref32).abs().mean().item()
+    bad_err = (bad - ref32).abs().mean().item()
+    print(f"{label}: mean |diff| {err:.4f} (transformers bf16 {hf_err:.4f}); "
+          f"reversed expert scale rows {bad_err:.4f}")
+    assert err <= 1.5 * hf_err + 0.02, (err, hf_err)
+    assert (got - ref16).abs().median().item() < 0.15
+    assert bad_err > max(1.5 * hf_err + 0.02, 2 * err), (bad_err, err)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU stand-in")
+def test_mxfp4_cpu_standin_matches_transformers_on_dequantized_weights(tmp_path):
     base = build_checkpoint(str(tmp_path / "base"), initializer_range=0.1)
     src = vary_rows(base, str(tmp_path / "src"), EXPERT_RE)
     mx = convert_to_quark_mxfp4(src, str(tmp_path / "mx4"))
@@ -203,20 +223,8 @@ def probe(model):
     assert schemes["model.layers.2.mlp.down_proj"] == "UnquantizedLinearMethod"
     assert schemes["model.layers.1.self_attn.index_q_proj"] == "UnquantizedLinearMethod"
 
-    def hf(dtype):
-        m = MiniMaxM3SparseForConditionalGeneration.from_pretrained(deq, dtype=dtype).eval()
-        return torch.tensor([x for p in prompts for x in hf_token_logprobs(m, p)])
-
-    ref32, ref16 = hf(torch.float32), hf(torch.bfloat16)
-    hf_err = (ref16 - ref32).abs().mean().item()
-    err = (got - ref32).abs().mean().item()
     _, bad = lps("corrupt", _corrupt(convert_to_quark_mxfp4(src, str(tmp_path / "bad"))))
-    bad_err = (bad - ref32).abs().mean().item()
-    print(f"mxfp4 stand-in: mean |diff| {err:.4f} (transformers bf16 {hf_err:.4f}); "
-          f"reversed expert scale rows {bad_err:.4f}")
-    assert err <= 1.5 * hf_err + 0.02, (err, hf_err)
-    assert (got - ref16).abs().median().item() < 0.15
-    assert bad_err > max(1.5 * hf_err + 0.02, 2 * err), (bad_err, err)
+    _assert_bf16_parity("mxfp4 stand-in", got, bad, deq, prompts)
 
 
 # ---- the weights-only path: VLLM_MINIMAX_M3_MXFP4=bf16 (common/mxfp4.py) ----
@@ -296,7 +304,6 @@ def test_mxfp4_weights_only_matches_transformers_on_dequantized_weights(tmp_path
     expert scale rows fails it; a checkpoint missing a scale tensor is refused
     naming it."""
     from safetensors.torch import save_file
-    from transformers.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
 
     base = build_checkpoint(str(tmp_path / "base"), initializer_range=0.1)
     src = vary_rows(base, str(tmp_path / "src"), EXPERT_RE)
@@ -323,20 +330,8 @@ def probe(model):
     assert got is not None, res.get("traceback", res)
     assert not any("Quark" in m or "Fp8" in m for m in res["probe"]), res["probe"]
 
-    def hf(dtype):
-        m = MiniMaxM3SparseForConditionalGeneration.from_pretrained(deq, dtype=dtype).eval()
-        return torch.tensor([x for p in prompts for x in hf_token_logprobs(m, p)])
-
-    ref32, ref16 = hf(torch.float32), hf(torch.bfloat16)
-    hf_err = (ref16 - ref32).abs().mean().item()
-    err = (got - ref32).abs().mean().item()
     _, bad = lps("corrupt", _corrupt(convert_to_quark_mxfp4(src, str(tmp_path / "bad"))))
-    bad_err = (bad - ref32).abs().mean().item()
-    print(f"mxfp4 weights-only: mean |diff| {err:.4f} (transformers bf16 {hf_err:.4f}); "
-          f"reversed expert scale rows {bad_err:.4f}")
-    assert err <= 1.5 * hf_err + 0.02, (err, hf_err)
-    assert (got - ref16).abs().median().item() < 0.15
-    assert bad_err > max(1.5 * hf_err + 0.02, 2 * err), (bad_err, err)
+    _assert_bf16_parity("mxfp4 weights-only", got, bad, deq, prompts)
 
     gone = convert_to_quark_mxfp4(src, str(tmp_path / "gone"))
     t = read_checkpoint(gone)
