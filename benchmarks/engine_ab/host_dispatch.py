@@ -12,7 +12,9 @@ on both sides and is counted instead (``launches``).
 
 Method: the config-only model's 3 sparse layers per step (released shapes: 4 KV
 heads, 64 query heads, head dim 128, 4 index heads of 128, top-16 blocks), bf16,
-decode batches of 1 / 8 / 32 over 8k contexts; new metadata objects every step (as
+decode batches of 1 / 8 / 32 over 8k contexts, and prefill steps of one request
+(1k new tokens, 1k after 7k, an 8k chunk: there the small PyTorch ops also compute
+on the CPU, so their times are inflated; the counts are not); new metadata objects every step (as
 vLLM builds them), shared by the step's layers; the series' Triton ops with the
 launchers' hardware queries answered as on an H100 (132 SMs, sm_90). Per side and
 batch: 30 warm steps, then ``--steps`` timed steps, median and p90; the PyTorch ops
@@ -67,13 +69,15 @@ def stub_launches() -> Counter:
     """Every Triton launch (the interpreter's entry point) records its kernel's name
     and returns without running; returns the counter."""
     from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
 
     launched = Counter()
 
     def record(self, *args, grid, warmup, **kwargs):
         launched[self.fn.__name__] += 1
 
-    InterpretedFunction.run = record
+    # the interpreter's kernels, and Gluon ones (compiled JIT functions even under it)
+    InterpretedFunction.run = JITFunction.run = record
     return launched
 
 
@@ -109,10 +113,31 @@ def load_series_msa(path: str) -> None:
     package.series_msa = module
 
 
-def measure(path: str, batch: int, steps: int, launched: Counter) -> dict:
+def row_label(row: tuple) -> str:
+    kind, a, b = row
+    return f"decode b{a} at {b // 1024}k" if kind == "decode" else \
+        f"prefill {b // 1024}k after {a // 1024}k" if a else f"prefill {b // 1024}k"
+
+
+def parse_rows(decode_batches: str, prefills: str) -> list[tuple]:
+    """("decode", batch, context) and ("prefill", context before, new tokens) rows."""
+    rows = [("decode", int(b), CONTEXT) for b in decode_batches.split(",") if b]
+    for p in prefills.split(","):
+        if p:
+            ctx, _, new = p.partition("+")
+            rows.append(("prefill", int(ctx), int(new)))
+    return rows
+
+
+def measure(path: str, row: tuple, steps: int, launched: Counter) -> dict:
     from vllm.models.minimax_m3.common.msa_ops import TritonSparseOps
 
-    data = make_batch([CONTEXT] * batch, [], dtype=torch.bfloat16, **SHAPES)
+    kind, a, b = row
+    if kind == "decode":
+        data = make_batch([b] * a, [], dtype=torch.bfloat16, **SHAPES)
+    else:  # prefill work is real CPU compute here: fewer steps
+        data = make_batch([], [(a, b)], dtype=torch.bfloat16, **SHAPES)
+        steps = max(10, steps // 10)
     layer = SparseLayer(path, data, topk=TOPK, ops=TritonSparseOps(), **SHAPES)
     metadata = dict(layer._context.attn_metadata)
 
@@ -122,7 +147,7 @@ def measure(path: str, batch: int, steps: int, launched: Counter) -> dict:
         for _ in range(SPARSE_LAYERS):
             layer.forward()
 
-    for _ in range(30):
+    for _ in range(30 if kind == "decode" else 3):
         step()
     times = []
     for _ in range(steps):
@@ -133,7 +158,8 @@ def measure(path: str, batch: int, steps: int, launched: Counter) -> dict:
     with _CountOps() as counter:
         step()
     times.sort()
-    return {"path": path, "batch": batch, "median_us": 1e6 * statistics.median(times),
+    return {"path": path, "row": row_label(row), "batch": a if kind == "decode" else 1,
+            "kind": kind, "median_us": 1e6 * statistics.median(times),
             "p90_us": 1e6 * times[int(0.9 * (len(times) - 1))],
             "launches": sum(launched.values()), "kernels": dict(launched),
             "torch_ops": sum(counter.ops.values()), "ops": dict(counter.ops),
@@ -141,37 +167,44 @@ def measure(path: str, batch: int, steps: int, launched: Counter) -> dict:
 
 
 def report(rows: list[dict], meta: dict) -> str:
-    lines = [f"Host time of the {SPARSE_LAYERS} sparse layers of one decode step "
-             f"(8k contexts, launches stubbed), {meta['cpu']}, torch {meta['torch']}, "
+    lines = [f"Host time of the {SPARSE_LAYERS} sparse layers of one engine step "
+             f"(launches stubbed), {meta['cpu']}, torch {meta['torch']}, "
              f"vllm {meta['vllm']}, commit {meta['commit']}, {meta['date']}; side B's "
              f"series_msa: {meta['series_msa']}.", "",
-             "| batch | side | host us / step (median) | p90 | Triton launches / step "
+             "| row | side | host us / step (median) | p90 | Triton launches / step "
              "| PyTorch ops / step | of them launching a kernel on a GPU |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         side = "A (upstream)" if r["path"] == "upstream" else "B (series)"
-        lines.append(f"| {r['batch']} | {side} | {r['median_us']:.1f} | {r['p90_us']:.1f} "
+        times = (f"{r['median_us']:.1f} | {r['p90_us']:.1f}" if r["kind"] == "decode"
+                 else "- | -")   # prefill: the small ops' CPU compute, not host time
+        lines.append(f"| {r['row']} | {side} | {times} "
                      f"| {r['launches']} | {r['torch_ops']} | {r['kernel_ops']} |")
-    lines += ["", "| batch | B / A host time | B - A Triton launches | B - A kernel-launching "
+    lines += ["", "| row | B / A host time | B - A Triton launches | B - A kernel-launching "
               "PyTorch ops |", "|---|---|---|---|"]
-    by = {(r["path"], r["batch"]): r for r in rows}
-    for b in sorted({r["batch"] for r in rows}):
-        a, s = by[("upstream", b)], by[("series", b)]
-        lines.append(f"| {b} | {s['median_us'] / a['median_us']:.2f} | "
+    by = {(r["path"], r["row"]): r for r in rows}
+    for label in dict.fromkeys(r["row"] for r in rows):
+        a, s = by[("upstream", label)], by[("series", label)]
+        ratio = f"{s['median_us'] / a['median_us']:.2f}" if s["kind"] == "decode" else "-"
+        lines.append(f"| {label} | {ratio} | "
                      f"{s['launches'] - a['launches']:+d} | "
                      f"{s['kernel_ops'] - a['kernel_ops']:+d} |")
-    lines += ["", "PyTorch ops per step, by op:", ""]
+    lines += ["", "Prefill rows: no times (their PyTorch ops compute on the CPU here, over "
+              "thousands of tokens, which a GPU does in its kernels); the counts hold.", "",
+              "PyTorch ops per step, by op:", ""]
     for r in rows:
         ops = ", ".join(f"{k} {v}" for k, v in sorted(r["ops"].items(), key=lambda x: -x[1]))
         kern = ", ".join(f"{k} {v}" for k, v in sorted(r["kernels"].items()))
-        lines.append(f"- {r['path']} b{r['batch']}: {ops or 'none'}; kernels: {kern}")
+        lines.append(f"- {r['path']}, {r['row']}: {ops or 'none'}; kernels: {kern}")
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--batches", default="1,8,32", help="decode batches over 8k contexts")
+    p.add_argument("--prefills", default="0+1024,7168+1024,0+8192",
+                   help="prefill rows CONTEXT+NEW (one request each; '' for none)")
     p.add_argument("--out", help="write the rows as JSON here")
     p.add_argument("--series-msa", metavar="FILE",
                    help="run side B with this series_msa.py instead of the installed one "
@@ -183,8 +216,8 @@ def main() -> None:
     launched = stub_launches()
     answer_as_h100()
     torch.set_num_threads(1)
-    rows = [measure(path, b, args.steps, launched)
-            for b in (int(x) for x in args.batches.split(","))
+    rows = [measure(path, row, args.steps, launched)
+            for row in parse_rows(args.batches, args.prefills)
             for path in ("upstream", "series")]
     import vllm
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
