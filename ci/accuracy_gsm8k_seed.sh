@@ -10,10 +10,12 @@
 # exit codes to $OUT_ROOT/summary.md. Every knob of ci/accuracy_gsm8k.sh (TP, PORT, LM_EVAL, VLLM,
 # LIMIT, ...) passes through. CHECKPOINTS and KV_DTYPES (space separated) narrow the matrix.
 # The MXFP4 (Quark) checkpoint runs emulated on NVIDIA GPUs and needs `pip install amd-quark` in
-# vLLM's environment (the model refuses to start without it); see docs/checkpoints.md.
+# vLLM's environment (the model refuses to start without it), or VLLM_MINIMAX_M3_MXFP4=bf16 (the
+# v0.23.0 flavor's weights-only path, any platform); the mode is written into each report's note.
+# See docs/checkpoints.md.
 set -uo pipefail
 if [ $# -lt 1 ] || [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 MODELS_DIR=$1; shift
@@ -32,7 +34,9 @@ for ckpt in $CHECKPOINTS; do
       echo "skipping $ckpt: no $MODELS_DIR/$ckpt/config.json" >&2
       echo "| $ckpt | $kv | not found | |" >> "$SUMMARY"; RC=1; continue
     fi
-    OUT=$out KV_CACHE_DTYPE=$kv NOTE="Seed matrix: $ckpt, --kv-cache-dtype $kv." \
+    note="Seed matrix: $ckpt, --kv-cache-dtype $kv."
+    case $ckpt in *MXFP4*) note="$note VLLM_MINIMAX_M3_MXFP4=${VLLM_MINIMAX_M3_MXFP4:-emulate}.";; esac
+    OUT=$out KV_CACHE_DTYPE=$kv NOTE="$note" \
       "$HERE/accuracy_gsm8k.sh" "$MODELS_DIR/$ckpt" "$@"
     rc=$?
     [ "$rc" = 0 ] || RC=1
