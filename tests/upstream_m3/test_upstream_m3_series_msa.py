@@ -209,3 +209,19 @@ def test_series_reads_the_topk_buffer_token_major_on_both_models(monkeypatch, ro
     assert view.shape == (tokens, heads, k) and view.data_ptr() == buf.data_ptr()
     assert torch.equal(view, buf.transpose(0, 1) if rocm else buf)
     assert series_msa.token_major_topk(None) is None
+
+
+def test_aiter_shuffled_kv_cache_takes_upstreams_path(monkeypatch):
+    """With AITER's sparse paged attention requested on ROCm the K/V cache is laid out
+    shuffled for AITER's kernels, which the series' kernels cannot read: the default
+    then selects upstream's path, and an explicit VLLM_MINIMAX_M3_MSA=series is refused
+    naming both ways out."""
+    from vllm.models.minimax_m3.common import series_msa
+
+    monkeypatch.delenv("VLLM_MINIMAX_M3_MSA", raising=False)
+    assert series_msa.series_msa_selected()                      # the default elsewhere
+    monkeypatch.setattr(series_msa, "_minimax_m3_aiter_sparse_pa_requested", lambda: True)
+    assert not series_msa.series_msa_selected()
+    monkeypatch.setenv("VLLM_MINIMAX_M3_MSA", "series")
+    with pytest.raises(ValueError, match="VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0 to serve"):
+        series_msa.series_msa_selected()

@@ -21,19 +21,29 @@ Both impls split the batch as upstream's builders do (decode tokens first) and
 derive each token's request and absolute position from that metadata.
 """
 
+import os
+
 import torch
 
 from vllm import envs
 from vllm.forward_context import get_forward_context
+from vllm.logger import init_logger
 from vllm.platforms import current_platform
 
 from .indexer import MiniMaxM3IndexerTritonImpl
 from .msa_ops import SparseOps, select_sparse_ops, token_request_positions
-from .sparse_attention import MiniMaxM3SparseImpl
+from .sparse_attention import MiniMaxM3SparseImpl, _minimax_m3_aiter_sparse_pa_requested
+
+logger = init_logger(__name__)
 
 
 def series_msa_selected() -> bool:
-    """``VLLM_MINIMAX_M3_MSA``: True for "series"; "upstream" needs a GPU."""
+    """``VLLM_MINIMAX_M3_MSA``: True for "series"; "upstream" needs a GPU.
+
+    AITER's sparse paged attention on ROCm (``VLLM_ROCM_USE_AITER=1`` with
+    ``VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1``) allocates the K/V cache in AITER's
+    shuffled layout, which the series' kernels cannot read: there the default
+    (the knob unset) is upstream's path, and an explicit "series" is refused."""
     choice = envs.VLLM_MINIMAX_M3_MSA.lower()
     if choice == "upstream" and not current_platform.is_cuda_alike():
         raise ValueError(
@@ -41,6 +51,18 @@ def series_msa_selected() -> bool:
             f"CUDA or ROCm GPU; this platform is {current_platform.device_name!r}. Unset it "
             "(or set it to 'series') to run MiniMax-M3 with the series' MSA ops here."
         )
+    if choice == "series" and _minimax_m3_aiter_sparse_pa_requested():
+        if os.environ.get("VLLM_MINIMAX_M3_MSA"):
+            raise ValueError(
+                "VLLM_MINIMAX_M3_MSA=series reads MiniMax-M3's packed K/V cache, but "
+                "AITER's sparse paged attention is on (VLLM_ROCM_USE_AITER=1 with "
+                "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1), which lays the cache out shuffled "
+                "for AITER's kernels. Unset VLLM_MINIMAX_M3_MSA to serve with AITER's "
+                "sparse attention, or set VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=0 to serve "
+                "with the series' MSA kernels.")
+        logger.info_once("MiniMax-M3: AITER's sparse paged attention is on (shuffled K/V "
+                         "cache): upstream's MSA path serves, not the series'")
+        return False
     return choice == "series"
 
 
