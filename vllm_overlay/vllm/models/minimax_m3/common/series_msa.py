@@ -21,8 +21,6 @@ Both impls split the batch as upstream's builders do (decode tokens first) and
 derive each token's request and absolute position from that metadata.
 """
 
-import os
-
 import torch
 
 from vllm import envs
@@ -52,7 +50,7 @@ def series_msa_selected() -> bool:
             "(or set it to 'series') to run MiniMax-M3 with the series' MSA ops here."
         )
     if choice == "series" and _minimax_m3_aiter_sparse_pa_requested():
-        if os.environ.get("VLLM_MINIMAX_M3_MSA"):
+        if envs.is_set("VLLM_MINIMAX_M3_MSA"):
             raise ValueError(
                 "VLLM_MINIMAX_M3_MSA=series reads MiniMax-M3's packed K/V cache, but "
                 "AITER's sparse paged attention is on (VLLM_ROCM_USE_AITER=1 with "
