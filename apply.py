@@ -168,7 +168,8 @@ def cmd_image(args) -> int:
 def cmd_check_entries(args) -> int:
     series, _ = _series_and_pin(args)
     results = entrycheck.check_entries(series, Path(args.tree).resolve(), args.python,
-                                       run_tests=not args.imports_only)
+                                       run_tests=not args.imports_only,
+                                       tests_at_full_series=not args.skip_full_series_tests)
     text = entrycheck.report(results)
     if text:
         print(text)
@@ -236,6 +237,9 @@ def main(argv=None) -> int:
                    help="interpreter with the flavor's build installed (default: this one)")
     c.add_argument("--imports-only", action="store_true",
                    help="skip the entries' own tests (their Series-Tests lines)")
+    c.add_argument("--skip-full-series-tests", action="store_true",
+                   help="skip the last entry's tests at the full series (the installed build "
+                        "itself, which the test suite runs them against anyway)")
     for q in (a, e, b, s, im, r, i, c):
         q.add_argument("--tree", default=None, help="applied tree (default build/vllm for the "
                        "default flavor, build/vllm-<flavor> for the others)")
