@@ -11,7 +11,9 @@
 # logprobs) into $OUT/engine_ab/tests.log; RUN_BENCH=0 skips the benchmark.
 # PROFILE=graphs,eager adds a decode-step profile per side (benchmarks/engine_ab/step_profile.py:
 # per kernel, kernel family and, eager, decoder layer, with the host's share), PROFILE_BATCH=1
-# its batch; NO_ROWS=1 profiles only.
+# its batch; PROFILE=prefill[,prefill-eager] profiles one prefill of PREFILL_CTX (32768) tokens
+# the same way; NO_ROWS=1 profiles only. The tests run without -x: each of them places a
+# difference between A and B (selection or arithmetic), so all of them report.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/engine_ab"
 EXTRA=${EXTRA:-/tmp/gpu-extra}
@@ -27,9 +29,9 @@ export PYTHONPATH=/tmp/site26x${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:
   python3 -c "import vllm, torch, triton; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"
 } | tee "$OUT/engine_ab/env.md"
 if [ "${RUN_TESTS:-0}" = 1 ]; then   # A vs B correctness on a tiny checkpoint first
-  python3 -m pytest -x -q -s tests/upstream_m3/test_upstream_m3_gpu.py 2>&1 | tee "$OUT/engine_ab/tests.log" | tail -15
+  python3 -m pytest -q -s tests/upstream_m3/test_upstream_m3_gpu.py 2>&1 | tee "$OUT/engine_ab/tests.log" | tail -15
 fi
 [ "${RUN_BENCH:-1}" = 1 ] || exit 0
 python3 -m benchmarks.engine_ab --out "$OUT/engine_ab" --layers "${LAYERS:-4}" \
   --sides "${SIDES:-A,B}" --timeout "${SIDE_TIMEOUT:-250}" \
-  ${PROFILE:+--profile "$PROFILE" --profile-batch "${PROFILE_BATCH:-1}"} ${NO_ROWS:+--no-rows}
+  ${PROFILE:+--profile "$PROFILE" --profile-batch "${PROFILE_BATCH:-1}" --prefill-ctx "${PREFILL_CTX:-32768}"} ${NO_ROWS:+--no-rows}

@@ -13,6 +13,7 @@ from .model import write_model_dir
 # A and B: one v0.26.0-flavor install, the knob picks the MSA path. C: the v0.23.0 flavor's
 # install (the knob does not exist there), run in a call of its own.
 SIDES = {"A": "upstream", "B": "series", "C": "series"}
+PROFILE_MODES = ("graphs", "eager", "prefill", "prefill-eager")
 
 
 def _run(cmd: list[str], env: dict, log_path: str, timeout: int):
@@ -33,9 +34,11 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny fp32 shapes on the CPU")
     p.add_argument("--timeout", type=int, default=420, help="seconds per side")
     p.add_argument("--profile", default="",
-                   help="after the rows, profile decode steps per side (step_profile): "
-                        "comma list of graphs|eager, e.g. graphs,eager")
+                   help="after the rows, profile per side (step_profile): comma list of "
+                        "graphs|eager (decode steps) and prefill|prefill-eager (one prefill "
+                        "of --prefill-ctx tokens), e.g. graphs,prefill")
     p.add_argument("--profile-batch", type=int, default=1)
+    p.add_argument("--prefill-ctx", type=int, default=32768)
     p.add_argument("--no-rows", action="store_true", help="profile only")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -57,10 +60,16 @@ def main(argv=None) -> int:
         rows = json.load(open(rows_path)) if os.path.exists(rows_path) else {}
         meta["sides"][side] = {"msa": SIDES[side], "rc": rc, "rows": rows, "profiles": {}}
         for mode in filter(None, args.profile.split(",")):
-            prof = os.path.join(args.out, f"profile-{side}-{mode}-b{args.profile_batch}.json")
+            if mode not in PROFILE_MODES:
+                p.error(f"unknown profile mode {mode!r}: one of {', '.join(PROFILE_MODES)}")
+            prefill = mode.startswith("prefill")
+            shape = (["--prefill", "--ctx", str(args.prefill_ctx)] if prefill
+                     else ["--batch", str(args.profile_batch)])
+            tag = f"ctx{args.prefill_ctx}" if prefill else f"b{args.profile_batch}"
+            prof = os.path.join(args.out, f"profile-{side}-{mode}-{tag}.json")
             prc = _run([sys.executable, "-m", "benchmarks.engine_ab.step_profile", "--model",
-                        model, "--out", prof, "--batch", str(args.profile_batch), *smoke,
-                        *(["--eager"] if mode == "eager" else [])], env,
+                        model, "--out", prof, *shape, *smoke,
+                        *(["--eager"] if mode.endswith("eager") else [])], env,
                        prof.replace(".json", ".log"), args.timeout)
             meta["sides"][side]["profiles"][mode] = (
                 json.load(open(prof)) if os.path.exists(prof) else {"rc": prc})

@@ -35,19 +35,23 @@ def write_report(meta: dict, path: str) -> None:
 
 
 def profile_lines(sides: dict) -> list[str]:
-    """Per side and mode: the decode step split into kernel families and host time,
-    then the top kernels (step_profile's JSON)."""
+    """Per side and mode: the decode step (or the prefill) split into kernel families
+    and host time, then the top kernels (step_profile's JSON)."""
     out = []
     for s, d in sides.items():
         for mode, prof in (d.get("profiles") or {}).items():
-            head = f"## Decode step profile, side {s}, {mode}"
+            prefill = mode.startswith("prefill")
+            head = f"## {'Prefill' if prefill else 'Decode step'} profile, side {s}, {mode}"
             if "step_ms" not in prof:
                 out += [head, "", f"Not measured (rc={prof.get('rc')}; see the profile log).", ""]
                 continue
+            what = (f"One {prof['ctx']}-token prompt" if prefill
+                    else f"Batch {prof['batch']} over {prof['ctx']}-token contexts")
+            count = "the whole prefill" if prefill else f"{prof['steps']} steps"
             out += [head, "",
-                    f"Batch {prof['batch']} over {prof['ctx']}-token contexts on {prof['device']}: "
+                    f"{what} on {prof['device']}: "
                     f"step {prof['step_ms']} ms = kernels {prof['kernel_ms_per_step']} ms + host "
-                    f"{prof['host_ms_per_step']} ms ({prof['steps']} steps).", "",
+                    f"{prof['host_ms_per_step']} ms ({count}).", "",
                     "| kernel family | us per step |", "|---|---|"]
             out += [f"| {k} | {v} |" for k, v in prof["families_us_per_step"].items()]
             out += ["", "| kernel (top 12) | us per step |", "|---|---|"]

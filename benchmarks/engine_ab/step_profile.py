@@ -16,6 +16,10 @@ Method (the decode step alone, without the prefill that precedes it):
     positive remainder is time the GPU waited for the host;
   * layers (``--eager`` only: hooks do not run inside captured graphs): CUDA events
     around every decoder layer's forward, median over the decode calls.
+``--prefill`` profiles one prefill instead: a fresh ``--ctx``-token prompt (default
+32768, chunks of 8192) generating one token, after a warm prefill of the same length;
+the step is the whole prefill (every chunk), its wall time the engine's TTFT without a
+server, and (eager) each layer's time summed over the chunks.
 Writes ``--out`` (JSON) and prints a markdown summary.
 """
 
@@ -93,7 +97,9 @@ def _layer_hooks(model):
 
 
 def _layer_ms(model, batch: int) -> list[float | None]:
-    """Median ms of each layer's forward over the calls with ``batch`` tokens."""
+    """Median ms of each layer's forward over the calls with ``batch`` tokens; with
+    ``batch`` 0, each layer's summed ms over the calls of more than one token (the chunks
+    of the prefills logged since the last ``_clear_layer_log``)."""
     import torch
 
     if torch.cuda.is_available():
@@ -101,9 +107,16 @@ def _layer_ms(model, batch: int) -> list[float | None]:
     out = []
     for calls in model._step_profile_log:
         ms = [(b.elapsed_time(e) if not isinstance(b, float) else (e - b) * 1e3)
-              for tokens, b, e in calls if tokens == batch and e is not None]
-        out.append(round(statistics.median(ms), 4) if ms else None)
+              for tokens, b, e in calls
+              if (tokens == batch if batch else tokens > 1) and e is not None]
+        value = (statistics.median(ms) if batch else sum(ms)) if ms else None
+        out.append(round(value, 4) if value is not None else None)
     return out
+
+
+def _clear_layer_log(model) -> None:
+    for calls in model._step_profile_log:
+        calls.clear()
 
 
 def main() -> None:
@@ -113,8 +126,11 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--eager", action="store_true", help="no graphs; adds per-layer times")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--ctx", type=int, default=0, help="context tokens (default 8192; smoke 512)")
+    p.add_argument("--ctx", type=int, default=0,
+                   help="context tokens (default 8192, --prefill 32768; smoke 512)")
     p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--prefill", action="store_true",
+                   help="profile one prefill of --ctx tokens (batch 1) instead of decode steps")
     args = p.parse_args()
     import random
 
@@ -132,7 +148,9 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     layer_names = llm.apply_model(_layer_hooks)[0] if args.eager else []
     vocab = 512 if args.smoke else 32000
-    ctx = args.ctx or (512 if args.smoke else 8192)
+    ctx = args.ctx or (512 if args.smoke else 32768 if args.prefill else 8192)
+    if args.prefill and args.batch != 1:
+        p.error("--prefill profiles one request: leave --batch at 1")
     rng = random.Random(0)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
@@ -148,21 +166,31 @@ def main() -> None:
             wall = time.perf_counter() - t
         return wall, _kernel_times(prof, cuda)
 
-    run(args.steps + 1)                     # warm: compilation, autotuning, first launches
-    run(1)
-    long_wall, long_k = run(args.steps + 1)
-    short_wall, short_k = run(1)
-    per_step = {k: (long_k.get(k, 0.0) - short_k.get(k, 0.0)) / args.steps
-                for k in set(long_k) | set(short_k)}
-    per_step = {k: round(v, 2) for k, v in per_step.items() if v > 0.05}
-    step_ms = (long_wall - short_wall) / args.steps * 1e3
+    if args.prefill:      # the whole prefill of one fresh prompt (its token comes with it)
+        run(1)                              # warm: compilation at this length
+        if args.eager:
+            llm.apply_model(_clear_layer_log)
+        wall, kernels = run(1)
+        per_step = {k: round(v, 2) for k, v in kernels.items() if v > 0.05}
+        step_ms = wall * 1e3
+    else:
+        run(args.steps + 1)                 # warm: compilation, autotuning, first launches
+        run(1)
+        long_wall, long_k = run(args.steps + 1)
+        short_wall, short_k = run(1)
+        per_step = {k: (long_k.get(k, 0.0) - short_k.get(k, 0.0)) / args.steps
+                    for k in set(long_k) | set(short_k)}
+        per_step = {k: round(v, 2) for k, v in per_step.items() if v > 0.05}
+        step_ms = (long_wall - short_wall) / args.steps * 1e3
     kernel_ms = sum(per_step.values()) / 1e3 if cuda else None
     fams: dict[str, float] = {}
     for k, v in per_step.items():
         fams[family(k)] = round(fams.get(family(k), 0.0) + v, 2)
     result = {
         "side_msa": __import__("os").environ.get("VLLM_MINIMAX_M3_MSA", "series"),
-        "batch": args.batch, "ctx": ctx, "steps": args.steps, "eager": args.eager,
+        "phase": "prefill" if args.prefill else "decode",
+        "batch": args.batch, "ctx": ctx, "steps": 1 if args.prefill else args.steps,
+        "eager": args.eager,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "step_ms": round(step_ms, 4),
         "kernel_ms_per_step": round(kernel_ms, 4) if kernel_ms is not None else None,
@@ -171,8 +199,9 @@ def main() -> None:
         "kernels_us_per_step": dict(sorted(per_step.items(), key=lambda kv: -kv[1])[:40]),
     }
     if args.eager:
+        per_layer = llm.apply_model(lambda m: _layer_ms(m, 0 if args.prefill else args.batch))[0]
         result["layers_ms"] = dict(zip([f"{i}:{n}" for i, n in enumerate(layer_names)],
-                                       llm.apply_model(lambda m: _layer_ms(m, args.batch))[0]))
+                                       per_layer))
     json.dump(result, open(args.out, "w"), indent=1)
     print(json.dumps({k: v for k, v in result.items() if k != "kernels_us_per_step"}, indent=1))
 

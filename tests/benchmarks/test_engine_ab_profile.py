@@ -40,3 +40,33 @@ def test_report_shows_step_split_and_failed_profiles(tmp_path):
     assert "| MoE | 1500.0 |" in text and "| 0:MiniMaxM3DecoderLayer | 0.4 |" in text
     assert "## Decode step profile, side A, graphs" in text and "Not measured (rc=1" in text
     assert "Side B ended" not in text     # profile-only: rows not run is not a failure
+
+
+def test_report_names_a_prefill_profile(tmp_path):
+    prof = {"phase": "prefill", "batch": 1, "ctx": 32768, "steps": 1, "device": "H100",
+            "step_ms": 900.0, "kernel_ms_per_step": 850.0, "host_ms_per_step": 50.0,
+            "families_us_per_step": {"MSA sparse attention": 4e5},
+            "kernels_us_per_step": {"sparse_attn_block_major_kernel": 4e5}}
+    meta = {"date": "2026-12-06", "layers": 4, "smoke": False, "sides": {
+        "B": {"msa": "series", "rc": "not run", "rows": {}, "profiles": {"prefill": prof}}}}
+    out = tmp_path / "r.md"
+    write_report(meta, str(out))
+    text = out.read_text()
+    assert "## Prefill profile, side B, prefill" in text
+    assert "One 32768-token prompt on H100: step 900.0 ms" in text and "(the whole prefill)" in text
+
+
+def test_prefill_layer_times_sum_the_chunks_and_skip_decode_calls():
+    """``_layer_ms(model, 0)``: per layer, the sum over the logged calls of more than one
+    token (a prefill's chunks), without the one-token decode calls."""
+    from types import SimpleNamespace
+
+    from benchmarks.engine_ab.step_profile import _clear_layer_log, _layer_ms
+
+    log = [[[8192, 0.0, 0.010], [8192, 1.0, 1.020], [1, 2.0, 2.5]],   # layer 0
+           [[1, 0.0, 0.001]]]                                          # layer 1: decode only
+    model = SimpleNamespace(_step_profile_log=log)
+    assert _layer_ms(model, 0) == [30.0, None]
+    assert _layer_ms(model, 1) == [500.0, 1.0]
+    _clear_layer_log(model)
+    assert model._step_profile_log == [[], []]

@@ -1,7 +1,6 @@
 """The v0.26.0 flavor: upstream's MiniMax-M3 with the series' MSA ops, through vLLM's
 engine on CPU, against transformers' MiniMax-M3 (the oracle)."""
 
-import contextlib
 import importlib.metadata
 import json
 
@@ -9,7 +8,7 @@ import pytest
 import torch
 from conftest import REPO
 from minimax_m3_utils import hf_greedy, hf_token_logprobs, run_vllm
-from upstream_checkpoint import build_upstream_checkpoint
+from upstream_checkpoint import bf16_index_keys, build_upstream_checkpoint
 
 from m3series.pin import BasePin
 from m3series.series import Series
@@ -28,39 +27,6 @@ FP32_TOL = 1e-3   # fp32 engine against the fp32 oracle: measured ~1e-4 here
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return build_upstream_checkpoint(str(tmp_path_factory.mktemp("m3-upstream")))
-
-
-@contextlib.contextmanager
-def bf16_index_keys():
-    """transformers' MiniMax-M3 with its index queries and keys rounded to bf16
-    after RoPE, as upstream's model stores them (its index-key cache and the
-    index queries scored against it are bf16 whatever the model dtype). Without
-    this an fp32 oracle scores blocks in fp32, and a near-tie between two
-    blocks' scores (common with random weights) selects another block than the
-    engine: on this checkpoint 30 of 300 positions moved by up to 0.86."""
-    import transformers.models.minimax_m3_vl.modeling_minimax_m3_vl as hf_mod
-
-    rope, index_forward = hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward
-    inside = []
-
-    def rounded_rope(q, k, *args, **kwargs):
-        q, k = rope(q, k, *args, **kwargs)
-        if inside:
-            q, k = q.to(torch.bfloat16).to(q.dtype), k.to(torch.bfloat16).to(k.dtype)
-        return q, k
-
-    def marked_forward(self, *args, **kwargs):
-        inside.append(True)
-        try:
-            return index_forward(self, *args, **kwargs)
-        finally:
-            inside.pop()
-
-    hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward = rounded_rope, marked_forward
-    try:
-        yield hf_mod.MiniMaxM3SparseForConditionalGeneration
-    finally:
-        hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward = rope, index_forward
 
 
 def _llm_kwargs(**over):

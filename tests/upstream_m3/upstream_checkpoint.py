@@ -6,6 +6,7 @@ blocks (its backends support nothing else); its VL wrapper also reads vision
 fields that transformers' tiny config lacks even with ``language_model_only``.
 """
 
+import contextlib
 import json
 import os
 
@@ -31,3 +32,36 @@ def build_upstream_checkpoint(root: str, dtype=torch.float32, topk: int = 2) -> 
         cfg["vision_config"].update(VISION_FIELDS)
         json.dump(cfg, open(p, "w"), indent=2)
     return hf, released
+
+
+@contextlib.contextmanager
+def bf16_index_keys():
+    """transformers' MiniMax-M3 with its index queries and keys rounded to bf16
+    after RoPE, as upstream's model stores them (its index-key cache and the
+    index queries scored against it are bf16 whatever the model dtype). Without
+    this an fp32 oracle scores blocks in fp32, and a near-tie between two
+    blocks' scores (common with random weights) selects another block than the
+    engine: on this checkpoint 30 of 300 positions moved by up to 0.86."""
+    import transformers.models.minimax_m3_vl.modeling_minimax_m3_vl as hf_mod
+
+    rope, index_forward = hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward
+    inside = []
+
+    def rounded_rope(q, k, *args, **kwargs):
+        q, k = rope(q, k, *args, **kwargs)
+        if inside:
+            q, k = q.to(torch.bfloat16).to(q.dtype), k.to(torch.bfloat16).to(k.dtype)
+        return q, k
+
+    def marked_forward(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            return index_forward(self, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward = rounded_rope, marked_forward
+    try:
+        yield hf_mod.MiniMaxM3SparseForConditionalGeneration
+    finally:
+        hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward = rope, index_forward
