@@ -274,6 +274,12 @@ def table(results: list, args) -> str:
     return "\n".join(lines)
 
 
+def _git_commit() -> str:
+    proc = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() or "unknown"
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         # in-process engine core: apply_model runs here (TP workers still fork)
@@ -330,12 +336,13 @@ def main() -> None:
 
     meta = {"args": {k: v for k, v in vars(args).items()}, "build_s": build_s,
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "commit": os.environ.get("GIT_COMMIT") or _git_commit()}
     json.dump({"meta": meta, "results": results},
               open(os.path.join(args.out, "quant_checkpoints.json"), "w"), indent=2)
     md = [f"# MiniMax-M3 quantized checkpoints: {args.layers} layers "
           f"({args.dense_layers} dense), {meta['device']}, TP {args.tp}", "",
-          f"{meta['date']}; kv cache {args.kv_cache_dtype}; "
+          f"{meta['date']}; repo commit {meta['commit']}; kv cache {args.kv_cache_dtype}; "
           f"{'eager' if args.eager else 'compiled, CUDA graphs'}; decode prompts "
           f"{args.decode_len} tokens, {args.decode_tokens} output tokens; best of "
           f"{args.repeats}. Weight memory: parameters and buffers after loading "
