@@ -328,10 +328,16 @@ def main() -> None:
             {"prefill_tok_s": r["prefill"]["tok_s"],
              "decode_tok_s": [d["tok_s"] for d in r["decode"]]})), flush=True)
         results.append(r)
+        md = write_results(args, results, build_s)  # after each format: a cut-off run keeps its rows
     if not args.keep:
         import shutil
 
         shutil.rmtree(os.path.join(args.workdir, "ckpt"), ignore_errors=True)
+    print(md)
+
+
+def write_results(args, results: list, build_s: float) -> str:
+    """OUT/quant_checkpoints.{json,md} for the formats run so far; returns the markdown."""
     import torch
 
     meta = {"args": {k: v for k, v in vars(args).items()}, "build_s": build_s,
@@ -345,14 +351,18 @@ def main() -> None:
           f"{meta['date']}; repo commit {meta['commit']}; kv cache {args.kv_cache_dtype}; "
           f"{'eager' if args.eager else 'compiled, CUDA graphs'}; decode prompts "
           f"{args.decode_len} tokens, {args.decode_tokens} output tokens; best of "
-          f"{args.repeats}. Weight memory: parameters and buffers after loading "
-          "(Marlin-repacked for MXFP8); the MXFP8 linears and experts run W8A16 on sm_90 "
-          "(Marlin: activations bf16).", "", table(results, args), ""]
+          f"{args.repeats}; checkpoint build {build_s:.0f} s. Weight memory: parameters and "
+          "buffers after loading (Marlin-repacked for MXFP8); the MXFP8 linears and experts "
+          "run W8A16 on sm_90 (Marlin: activations bf16).", "", table(results, args), ""]
+    missing = [f for f in args.formats if f not in {r["format"] for r in results}]
+    if missing:
+        md += [f"Not run (the run stopped first): {', '.join(missing)}.", ""]
     for r in results:
         if "error" in r:
             md += [f"{r['format']} failed:", "", "```", r["error"][-1500:], "```", ""]
-    open(os.path.join(args.out, "quant_checkpoints.md"), "w").write("\n".join(md))
-    print("\n".join(md))
+    text = "\n".join(md)
+    open(os.path.join(args.out, "quant_checkpoints.md"), "w").write(text)
+    return text
 
 
 if __name__ == "__main__":
