@@ -242,14 +242,27 @@ def run_format(args, fmt: str, path: str) -> dict:
     spec_p, out_p = os.path.join(work, "spec.json"), os.path.join(work, "out.json")
     json.dump(spec, open(spec_p, "w"), indent=2)
     t = time.time()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_p, out_p],
-                          capture_output=True, text=True, timeout=args.timeout)
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_p,
+                               out_p], capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired as e:  # a row that says so; the other formats still run
+        log = _text(e.stdout) + _text(e.stderr)
+        open(os.path.join(work, "log.txt"), "w").write(log)
+        return {"format": fmt, "error": f"timed out after {args.timeout} s (--timeout); "
+                f"the worker's output so far:\n{log[-2500:]}"}
     open(os.path.join(work, "log.txt"), "w").write(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not os.path.exists(out_p):
         return {"format": fmt, "error": (proc.stdout + proc.stderr)[-3000:]}
     res = json.load(open(out_p))
     res["wall_s"] = time.time() - t
     return res
+
+
+def _text(out) -> str:
+    """A TimeoutExpired's captured output (bytes, str or None) as text."""
+    if out is None:
+        return ""
+    return out.decode(errors="replace") if isinstance(out, bytes) else out
 
 
 def table(results: list, args) -> str:
