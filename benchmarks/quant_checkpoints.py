@@ -245,14 +245,13 @@ def run_format(args, fmt: str, path: str) -> dict:
     try:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_p,
                                out_p], capture_output=True, text=True, timeout=args.timeout)
+        log, failed = proc.stdout + proc.stderr, proc.returncode != 0
     except subprocess.TimeoutExpired as e:  # a row that says so; the other formats still run
-        log = _text(e.stdout) + _text(e.stderr)
-        open(os.path.join(work, "log.txt"), "w").write(log)
-        return {"format": fmt, "error": f"timed out after {args.timeout} s (--timeout); "
-                f"the worker's output so far:\n{log[-2500:]}"}
-    open(os.path.join(work, "log.txt"), "w").write(proc.stdout + proc.stderr)
-    if proc.returncode != 0 or not os.path.exists(out_p):
-        return {"format": fmt, "error": (proc.stdout + proc.stderr)[-3000:]}
+        log, failed = _text(e.stdout) + _text(e.stderr), True
+        log = f"timed out after {args.timeout} s (--timeout); the worker's output so far:\n{log}"
+    open(os.path.join(work, "log.txt"), "w").write(log)
+    if failed or not os.path.exists(out_p):
+        return {"format": fmt, "error": log[-3000:]}
     res = json.load(open(out_p))
     res["wall_s"] = time.time() - t
     return res
@@ -334,7 +333,7 @@ def main() -> None:
     t = time.time()
     dirs = build_bf16(args, os.path.join(args.workdir, "ckpt"))
     build_s = time.time() - t
-    results = []
+    results, md = [], write_results(args, [], build_s)
     for fmt in args.formats:
         r = run_format(args, fmt, dirs[fmt])
         print(f"{fmt}: " + ("error" if "error" in r else json.dumps(

@@ -35,7 +35,7 @@ def test_a_timed_out_format_is_an_error_row(tmp_path, monkeypatch):
     assert r["format"] == "mxfp8"
     assert "timed out after 45 s" in r["error"] and "capturing graphs" in r["error"]
     log = (tmp_path / "work" / "run_mxfp8" / "log.txt").read_text()
-    assert log == "loading weightscapturing graphs"
+    assert log.endswith("loading weightscapturing graphs") and "timed out after 45 s" in log
 
 
 def test_results_are_written_after_each_format(tmp_path):
