@@ -19,7 +19,8 @@ TREE     ?= build/vllm$(SUFFIX)
 TEST_REQS := requirements/test-cpu$(SUFFIX).txt
 # The tests of a flavor: tests/upstream_m3 holds those of the flavors whose base ships
 # upstream's MiniMax-M3 (v0.26.0); the rest are the default flavor's.
-TESTS_v0.26.0 := tests/upstream_m3 tests/parsers tests/series/test_entry_check.py
+TESTS_v0.26.0 := tests/upstream_m3 tests/parsers tests/series/test_entry_check.py \
+                 tests/models/test_minimax_m3_additional_config.py
 TESTS    := $(or $(TESTS_$(FLAVOR)),tests vllm_overlay/tests --ignore=tests/upstream_m3)
 TARGET   ?= cuda
 DIST     ?= dist

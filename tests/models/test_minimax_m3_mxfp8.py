@@ -407,28 +407,6 @@ def test_mxfp8_checkpoint_matches_transformers_on_dequantized_weights(src, tmp_p
         assert err <= BF16_REL * ref_engine + BF16_ABS, (err, ref_engine)
 
 
-def test_atoms_online_quant_config_is_named_as_unread(monkeypatch):
-    """Seed 000's MXFP8 command passes ATOM's online_quant_config, which vLLM never reads:
-    the model says so instead of ignoring it silently."""
-    from types import SimpleNamespace
-
-    from vllm.models.minimax_m3.common import model as m3model
-
-    said = []
-    monkeypatch.setattr(m3model.logger, "warning", lambda msg, *a: said.append(msg % a))
-    qc = SimpleNamespace(get_name=lambda: "modelopt_mxfp8")
-    seed = {"online_quant_config": {"global_quant_config": "ptpc_fp8",
-                                    "exclude_layer": ["lm_head", "*block_sparse_moe"]}}
-    cfg = SimpleNamespace(additional_config=seed, quant_config=qc)
-    assert m3model._warn_unread_additional_config(cfg) == ["online_quant_config"]
-    assert len(said) == 1 and "'online_quant_config'" in said[0] and "ATOM" in said[0]
-    assert "(modelopt_mxfp8) is served" in said[0]
-    for other in ({}, {"some_platform_key": 1}, None):
-        assert m3model._warn_unread_additional_config(
-            SimpleNamespace(additional_config=other, quant_config=None)) == []
-    assert len(said) == 1
-
-
 def test_fp8_dtype_mismatch_messages():
     """Both directions of a quantized/unquantized mismatch are refused by name."""
     from vllm.models.minimax_m3.common.model import _check_fp8_dtype, _mxfp8_tensor
