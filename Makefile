@@ -27,8 +27,10 @@ DIST     ?= dist
 APPLY    := $(VPY) apply.py
 # two test processes (pytest-xdist; a file's tests stay in one, with its fixtures):
 # the suite takes about half the time on CI's 2 cores; PYTEST_ARGS= runs it in one.
+# Files go to the workers longest first (ci/pytest_longest_first.py, times in
+# ci/test_durations.json), so the two finish together.
 # The 30 slowest tests are listed at the end (CI's time budget is 45 minutes).
-PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder -p ci.pytest_longest_first --durations=30
 
 .PHONY: all apply build build-cpu install-cpu demo test test-series status export fetch clean help \
         import rebase image gpu-validate results-latest prune check-entries
