@@ -1,10 +1,11 @@
 """pytest plugin: hand test files to pytest-xdist's workers longest first.
 
 `make test` runs each flavor's suite in two processes with `--dist loadfile`: a worker
-gets whole files, in collection order (alphabetical). The series' bisect test
-(tests/series/test_entry_check.py, about ten minutes) comes near the end of that
-order, so it ran alone while the other worker sat idle. Ordering the files by their
-measured time, longest first, lets the two workers finish together (LPT scheduling).
+gets whole files. pytest-xdist hands them out by number of tests, most first, which put
+the series' bisect test (tests/series/test_entry_check.py: 9 tests, 7-10 minutes) and
+several engine-test files near the end, and one worker finished minutes after the other.
+This plugin orders the files by their measured time, longest first (LPT scheduling), and
+`--no-loadscope-reorder` makes xdist keep that order.
 
 The times are ``ci/test_durations.json``: seconds per test file (setup, call and
 teardown summed) as measured on CI's two cores, one table for all flavors. Files not
@@ -30,13 +31,17 @@ def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def load_table(path: Path = TABLE) -> dict[str, float]:
-    """Seconds per test file; empty when the table is missing or unreadable."""
+def _read(path: Path) -> dict:
+    """The table file as written (empty when missing or unreadable)."""
     try:
-        table = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return {k: float(v) for k, v in table.get("seconds_per_file", {}).items()}
+
+
+def load_table(path: Path = TABLE) -> dict[str, float]:
+    """Seconds per test file; empty when the table is missing or unreadable."""
+    return {k: float(v) for k, v in _read(path).get("seconds_per_file", {}).items()}
 
 
 def longest_first(nodeids: list[str], seconds: dict[str, float]) -> list[int]:
@@ -74,10 +79,7 @@ class _Recorder:
         self.seconds[_file_of(report.nodeid)] += report.duration
 
     def pytest_sessionfinish(self, session):
-        try:
-            table = json.loads(TABLE.read_text())
-        except (OSError, ValueError):
-            table = {}
+        table = _read(TABLE)
         merged = dict(table.get("seconds_per_file", {}))
         merged.update({f: round(s, 1) for f, s in self.seconds.items()})
         table["seconds_per_file"] = dict(sorted(merged.items(), key=lambda kv: -kv[1]))
