@@ -5,7 +5,7 @@
 # with the flavor's CUDA wheel packed by ../shared/gpu/pack.sh and, as its extra folder,
 # a wheels/ folder of what v0.26.0 needs beyond the bundle (flashinfer-python 0.6.14,
 # nvidia-cutlass-dsl 4.6.0 + libs, quack-kernels, cuda-tile, cudnn-frontend,
-# torch-c-dlpack-ext, nvtx, humming-kernels, ninja; docs/gpu-validation.md).
+# torch-c-dlpack-ext, nvtx, humming-kernels, ninja: ci/gpu_v026_wheels.sh DIR).
 # Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,side-*.log} and $OUT/engine_ab/env.md;
 # RUN_TESTS=1 first runs tests/upstream_m3/test_upstream_m3_gpu.py (A vs B tokens and
 # logprobs) into $OUT/engine_ab/tests.log (TESTS_K=... passes -k: 'not fp8' skips the two FP8-KV
