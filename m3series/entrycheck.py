@@ -12,7 +12,8 @@ Python package as it is at that commit and imports, in a fresh interpreter:
 * the tool and reasoning parsers registered under names the series adds;
 
 then runs the entry's own tests (its `Series-Tests` lines: this repository's
-tests of that entry's behaviour) against the same package.
+tests of that entry's behaviour) against the same package, in the same interpreter
+(one vLLM import per prefix).
 
 The package is a shadow of the installed build of the full series (the
 interpreter's own ``vllm``): a folder of symlinks to it, in which the files the
@@ -43,9 +44,12 @@ PACKAGE = "vllm"
 MODEL_ARCH_PREFIX = "MiniMaxM3"
 COMPILED_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".h", ".hpp", "CMakeLists.txt")
 
-# Runs in the child interpreter: argv[1] = JSON {"modules": [...], "shadow": path,
-# "touched": [...]}. Prints one JSON line: {"failures": {name: error}, "models": [...],
-# "parsers": [...]}.
+# Runs in the child interpreter, one per prefix: argv[1] = JSON {"modules": [...],
+# "shadow": path, "touched": [...], "arch_prefix": str, "result": path, "tests": [...]}.
+# Writes {"failures": {name: error}, "models": [...], "parsers": [...], "pending_models":
+# {...}} to the result file; then, when the imports all passed and `tests` is not empty,
+# runs pytest on them in the same interpreter (one vLLM import per prefix, not two) and
+# exits with pytest's status, its report on stdout.
 _CHILD = r"""
 import importlib, json, sys, traceback
 spec = json.loads(sys.argv[1])
@@ -100,7 +104,11 @@ for kind, mgr_path in (("tool", "vllm.tool_parsers:ToolParserManager"),
         except BaseException as e:
             out["failures"][f"{kind} parser {pname}"] = "".join(
                 traceback.format_exception_only(type(e), e)).strip()
-print(json.dumps(out))
+with open(spec["result"], "w") as f:
+    json.dump(out, f)
+if spec["tests"] and not out["failures"]:
+    import pytest
+    sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-x", *spec["tests"]]))
 """
 
 
@@ -173,19 +181,21 @@ def _put(shadow_root: Path, path: str, data: bytes | None) -> None:
         folder = folder.parent
 
 
-def _run_tests(series: Series, tests: list[str], python: str, env: dict) -> tuple[bool, str]:
-    """pytest over `tests` (paths in the series repository) with the shadow package."""
+def _missing_tests(series: Series, tests: list[str]) -> str | None:
+    """The failure for `Series-Tests` paths the repository lacks (None when all exist)."""
     missing = [t for t in tests if not (series.root / t.split("::")[0]).exists()]
     if missing:
-        return False, (f"Series-Tests names {', '.join(missing)}, which the repository lacks; "
-                       f"fix the entry's header")
-    proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                           *tests], capture_output=True, text=True, env=env, cwd=series.root)
+        return (f"Series-Tests names {', '.join(missing)}, which the repository lacks; "
+                f"fix the entry's header")
+    return None
+
+
+def _tests_report(proc: subprocess.CompletedProcess) -> tuple[bool, str]:
+    """The child's pytest run: (passed, its summary line, or its last lines on failure)."""
     lines = [l for l in proc.stdout.strip().splitlines() if l.strip()]
-    summary = lines[-1] if lines else proc.stderr.strip()[-300:]
     if proc.returncode:
         return False, "\n".join(lines[-25:]) or proc.stderr.strip()[-1500:]
-    return True, summary
+    return True, lines[-1] if lines else proc.stderr.strip()[-300:]
 
 
 def _last_line(res: PrefixResult) -> str:
@@ -234,26 +244,33 @@ def check_entries(series: Series, tree: Path, python: str = sys.executable,
             res = PrefixResult(k, series.entries[k - 1].subject, touched,
                                compiled_sources=[p for _, p in entry_changes
                                                  if p.endswith(COMPILED_SUFFIXES)])
+            res.tests = series.entries[k - 1].tests
+            at_full = k == len(commits) and not tests_at_full_series
+            tests = res.tests if run_tests and not at_full else []
+            missing = _missing_tests(series, tests)
+            result = root / f"prefix-{k}.json"
             spec = json.dumps({"modules": touched, "shadow": str(root / PACKAGE),
-                               "touched": touched, "arch_prefix": MODEL_ARCH_PREFIX})
+                               "touched": touched, "arch_prefix": MODEL_ARCH_PREFIX,
+                               "result": str(result), "tests": [] if missing else tests})
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                 p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
                 PYTHONDONTWRITEBYTECODE="1")
+            # cwd: the series repository, where the tests' paths and conftest files are
             proc = subprocess.run([python, "-c", _CHILD, spec], capture_output=True, text=True,
-                                  env=env, cwd=tmp)
+                                  env=env, cwd=series.root)
             try:
-                child = json.loads(proc.stdout.strip().splitlines()[-1])
-            except (IndexError, json.JSONDecodeError):
+                child = json.loads(result.read_text())
+            except (OSError, json.JSONDecodeError):
                 child = {"failures": {"interpreter": f"exit {proc.returncode}: "
                                                      f"{proc.stderr.strip()[-1200:]}"}}
             res.failures = child.get("failures", {})
             res.models = child.get("models", [])
             res.pending_models = child.get("pending_models", {})
             res.parsers = child.get("parsers", [])
-            res.tests = series.entries[k - 1].tests
-            at_full = k == len(commits) and not tests_at_full_series
-            if run_tests and res.tests and res.ok and not at_full:
-                passed, res.tests_summary = _run_tests(series, res.tests, python, env)
+            if missing:
+                res.failures["Series-Tests"] = missing
+            elif tests and res.ok:
+                passed, res.tests_summary = _tests_report(proc)
                 if not passed:
                     res.failures["Series-Tests"] = res.tests_summary
             per_prefix[k] = res

@@ -102,6 +102,20 @@ def test_full_series_tests_are_skipped_only_at_the_last_prefix(project):
     assert out.returncode == 1 and "entry 1 (Add the model): Series-Tests:" in out.stdout
 
 
+def test_an_entrys_tests_run_in_the_interpreter_that_checked_its_imports(project):
+    """One interpreter per prefix (CI time): the entry's tests find the modules the import
+    check loaded already imported, from the shadow package of that prefix."""
+    _series(project, model_imports_later_entry=False,
+            entry1_tests="Series-Tests: tests/test_same_process.py\n")
+    (project.root / "tests" / "test_same_process.py").write_text(
+        "import sys\n\ndef test_imports_were_checked_here():\n"
+        "    m = sys.modules['vllm.models.m3']\n"
+        "    assert 'm3-entry-check-' in m.__file__, m.__file__\n")
+    out = _check(project)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[1/2] ok" in out.stderr and "1 passed" in out.stderr
+
+
 def test_a_missing_tests_path_is_named(project):
     _series(project, model_imports_later_entry=False,
             entry1_tests="Series-Tests: tests/test_gone.py\n")
