@@ -17,18 +17,12 @@
 # difference between A and B (selection or arithmetic), so all of them report.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/engine_ab"
+. "$(dirname "$0")/gpu_lib.sh"
 EXTRA=${EXTRA:-/tmp/gpu-extra}
-if [ -d "$EXTRA/wheels" ] && [ ! -f /tmp/site26x/.ok ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site26x "$EXTRA"/wheels/*.whl \
-    && touch /tmp/site26x/.ok
-fi
+install_wheels_once "$EXTRA/wheels" /tmp/site26x "$OUT/engine_ab/extra_wheels.log" \
+  || echo "extra wheels: pip failed, see extra_wheels.log"
 export PYTHONPATH=/tmp/site26x${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-{
-  echo "date: $(date -u +%F)"
-  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-  echo "commit: ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-  python3 -c "import vllm, torch, triton; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"
-} | tee "$OUT/engine_ab/env.md"
+gpu_env_lines | tee "$OUT/engine_ab/env.md"
 if [ "${RUN_TESTS:-0}" = 1 ]; then   # A vs B correctness on a tiny checkpoint first
   python3 -m pytest -q -s tests/upstream_m3/test_upstream_m3_gpu.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/engine_ab/tests.log" | tail -15
 fi

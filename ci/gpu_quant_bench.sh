@@ -12,18 +12,10 @@
 # WORKDIR (/tmp/qwork: about 30 GB of checkpoints, outside $OUT).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/quant"
-E2E=${E2E_WHEELS:-/tmp/gpu-extra/e2e-wheels}
-if ls "$E2E"/*.whl > /dev/null 2>&1 && [ ! -f /tmp/site/.e2e-ok ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$E2E"/*.whl \
-    > "$OUT/quant/extra_wheels.log" 2>&1 && touch /tmp/site/.e2e-ok \
-    || echo "extra wheels: pip failed, see extra_wheels.log"
-fi
-{
-  echo "date: $(date -u +%F)"
-  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-  echo "commit: ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
-  python3 -c "import vllm, torch, triton; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"
-} | tee "$OUT/quant/env.md"
+. "$(dirname "$0")/gpu_lib.sh"
+install_wheels_once "${E2E_WHEELS:-/tmp/gpu-extra/e2e-wheels}" /tmp/site "$OUT/quant/extra_wheels.log" \
+  || echo "extra wheels: pip failed, see extra_wheels.log"
+gpu_env_lines | tee "$OUT/quant/env.md"
 # shellcheck disable=SC2086
 timeout "${BUDGET_S:-560}" python3 benchmarks/quant_checkpoints.py --out "$OUT/quant" \
   --workdir "${WORKDIR:-/tmp/qwork}" --formats "${FORMATS:-mxfp8,fp8_dynamic,bf16}" \

@@ -24,6 +24,7 @@
 # e.g. "--on-crash skip-higher-concurrency" or "--server-env VLLM_USE_BREAKABLE_CUDAGRAPH=0").
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. ci/gpu_lib.sh
 T0=$(date +%s)
 BUDGET_S=${BUDGET_S:-560}
 SIDES=${SIDES:-B,A}
@@ -33,19 +34,15 @@ E2E_WHEELS=${E2E_WHEELS:-$EXTRA/e2e-wheels}
 export GIT_COMMIT=${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 case ",$SIDES," in
   *,C,*) [ "$SIDES" = C ] || { echo "SIDES=$SIDES: C runs on the v0.23.0 install, A and B on the v0.26.0 one; one call each" >&2; exit 2; } ;;
-  *) if [ -d "$EXTRA/wheels" ] && [ ! -f /tmp/site26x/.ok ]; then
-       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site26x "$EXTRA"/wheels/*.whl \
-         && touch /tmp/site26x/.ok
-     fi
+  *) install_wheels_once "$EXTRA/wheels" /tmp/site26x "$dir/extra_wheels.log" \
+       || echo "extra wheels: pip failed, see extra_wheels.log"
      [ -d /tmp/site26x ] && export PYTHONPATH=/tmp/site26x${PYTHONPATH:+:$PYTHONPATH} ;;
 esac
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 {
-  echo "date: $(date -u +%FT%TZ)"
+  gpu_env_lines
   echo "sides: $SIDES"
-  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
-  echo "commit: $GIT_COMMIT"
-  python3 -c "import vllm, torch, triton, fastapi; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'fastapi', fastapi.__version__)"
+  python3 -c "import fastapi; print('fastapi', fastapi.__version__)"
   echo "PYTHONPATH: ${PYTHONPATH:-}"
   echo "VLLM_USE_BREAKABLE_CUDAGRAPH: ${VLLM_USE_BREAKABLE_CUDAGRAPH-unset}"
 } 2>&1 | tee "$dir/env.md"
