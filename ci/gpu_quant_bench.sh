@@ -17,9 +17,9 @@ install_wheels_once "${E2E_WHEELS:-/tmp/gpu-extra/e2e-wheels}" /tmp/site "$OUT/q
   || echo "extra wheels: pip failed, see extra_wheels.log"
 gpu_env_lines | tee "$OUT/quant/env.md"
 # shellcheck disable=SC2086
-timeout "${BUDGET_S:-560}" python3 benchmarks/quant_checkpoints.py --out "$OUT/quant" \
+timeout -k 10 "${BUDGET_S:-560}" python3 benchmarks/quant_checkpoints.py --out "$OUT/quant" \
   --workdir "${WORKDIR:-/tmp/qwork}" --formats "${FORMATS:-mxfp8,fp8_dynamic,bf16}" \
   ${QUANT_ARGS:---decode-batches 1,8,32 --decode-tokens 64 --repeats 2 --timeout 150}
 rc=$?
-[ $rc -eq 124 ] && echo "stopped at BUDGET_S=${BUDGET_S:-560} s: $OUT/quant keeps the formats that finished"
+[ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "stopped at BUDGET_S=${BUDGET_S:-560} s: $OUT/quant keeps the formats that finished"
 exit $rc
