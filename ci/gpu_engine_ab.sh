@@ -8,7 +8,7 @@
 # torch-c-dlpack-ext, nvtx, humming-kernels, ninja: ci/gpu_v026_wheels.sh DIR).
 # Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,side-*.log} and $OUT/engine_ab/env.md;
 # RUN_TESTS=1 first runs tests/upstream_m3/test_upstream_m3_gpu.py (A vs B tokens and
-# logprobs) into $OUT/engine_ab/tests.log (TESTS_K=... passes -k: 'not fp8' skips the two FP8-KV
+# logprobs; and entry 13's slot-mapping warm-up, test_upstream_m3_slot_mapping_warmup.py) into $OUT/engine_ab/tests.log (TESTS_K=... passes -k: 'not fp8' skips the two FP8-KV
 # engines); RUN_BENCH=0 skips the benchmark.
 # PROFILE=graphs,eager adds a decode-step profile per side (benchmarks/engine_ab/step_profile.py:
 # per kernel, kernel family and, eager, decoder layer, with the host's share), PROFILE_BATCH=1
@@ -24,7 +24,7 @@ install_wheels_once "$EXTRA/wheels" /tmp/site26x "$OUT/engine_ab/extra_wheels.lo
 export PYTHONPATH=/tmp/site26x${PYTHONPATH:+:$PYTHONPATH} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 gpu_env_lines | tee "$OUT/engine_ab/env.md"
 if [ "${RUN_TESTS:-0}" = 1 ]; then   # A vs B correctness on a tiny checkpoint first
-  python3 -m pytest -q -s tests/upstream_m3/test_upstream_m3_gpu.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/engine_ab/tests.log" | tail -15
+  python3 -m pytest -q -s tests/upstream_m3/test_upstream_m3_gpu.py tests/upstream_m3/test_upstream_m3_slot_mapping_warmup.py ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/engine_ab/tests.log" | tail -15
 fi
 [ "${RUN_BENCH:-1}" = 1 ] || exit 0
 python3 -m benchmarks.engine_ab --out "$OUT/engine_ab" --layers "${LAYERS:-4}" \
