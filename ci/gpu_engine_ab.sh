@@ -8,8 +8,9 @@
 # torch-c-dlpack-ext, nvtx, humming-kernels, ninja: ci/gpu_v026_wheels.sh DIR).
 # Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,side-*.log} and $OUT/engine_ab/env.md;
 # RUN_TESTS=1 first runs tests/upstream_m3/test_upstream_m3_gpu.py (A vs B tokens and
-# logprobs; and entry 13's slot-mapping warm-up, test_upstream_m3_slot_mapping_warmup.py) into $OUT/engine_ab/tests.log (TESTS_K=... passes -k: 'not fp8' skips the two FP8-KV
-# engines); RUN_BENCH=0 skips the benchmark.
+# logprobs) and test_upstream_m3_slot_mapping_warmup.py (entry 13) into
+# $OUT/engine_ab/tests.log (TESTS_K=... passes -k: 'not fp8' skips the two FP8-KV engines);
+# RUN_BENCH=0 skips the benchmark.
 # PROFILE=graphs,eager adds a decode-step profile per side (benchmarks/engine_ab/step_profile.py:
 # per kernel, kernel family and, eager, decoder layer, with the host's share), PROFILE_BATCH=1
 # its batch; PROFILE=prefill[,prefill-eager] profiles one prefill of PREFILL_CTX (32768) tokens
