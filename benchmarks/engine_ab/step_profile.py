@@ -36,10 +36,12 @@ FAMILIES = (
     ("KV cache write", r"reshape_and_cache|cache_write|write_sparse_cache|kv_insert"),
     ("MSA index / top-k", r"index|topk|score_attend|select_blocks"),
     ("MSA sparse attention", r"sparse_attn|block_major|short_decode|msa|sparse"),
-    ("dense attention", r"flash|fmha|attention|attn"),
-    ("MoE", r"moe|expert|marlin|router|grouped|permute|align"),
-    ("GEMM", r"gemm|cublas|cutlass|xmma|nvjet|matmul|mm_|_mm"),
+    # before dense attention: flashinfer's RMSNorm kernels are named flashinfer::norm::...
     ("norm / RoPE / activation", r"norm|rope|rotary|silu|swiglu|act_|gelu"),
+    ("dense attention", r"flash|fmha|attention|attn"),
+    # moe_align_block_size, not cuBLAS's "...aligna4_alignc4..." GEMM names
+    ("MoE", r"moe|expert|marlin|router|grouped|permute|align_block"),
+    ("GEMM", r"gemm|cublas|cutlass|xmma|nvjet|matmul|mm_|_mm"),
 )
 
 
@@ -51,10 +53,22 @@ def family(name: str) -> str:
     return "other"
 
 
+def _is_device_event(evt) -> bool:
+    """True for a kernel or memcpy as the GPU ran it; False for the host-side operator
+    (``aten::mm``, ``vllm::moe_forward_shared``) that launched it."""
+    return str(getattr(evt, "device_type", "")).rsplit(".", 1)[-1] in ("CUDA", "PrivateUse1")
+
+
 def _kernel_times(prof, cuda: bool) -> dict[str, float]:
-    """Device (CUDA) or, on CPU, self CPU time per kernel / op name, in microseconds."""
+    """Device (CUDA) time per kernel or, on CPU, self CPU time per op name, in
+    microseconds. With CUDA only the device-side events count: the profiler also gives
+    the launching operator the device time of the kernels it launched directly, and
+    summing both counted a kernel twice (found in the 2026-12-07 prefill profile: the
+    kernel sum exceeded the step's wall time)."""
     out: dict[str, float] = {}
     for evt in prof.key_averages():
+        if cuda and not _is_device_event(evt):
+            continue
         t = getattr(evt, "self_device_time_total", None) if cuda else evt.self_cpu_time_total
         if cuda and t is None:
             t = getattr(evt, "self_cuda_time_total", 0.0)

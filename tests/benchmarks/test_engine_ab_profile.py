@@ -21,6 +21,14 @@ def test_kernel_families():
     assert family("nvjet_tst_128x64") == "GEMM"
     assert family("vllm::rms_norm_kernel") == "norm / RoPE / activation"
     assert family("void at::native::elementwise_kernel") == "other"
+    # names seen in the 2026-12-07 H100 prefill profile
+    assert family("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>") \
+        == "norm / RoPE / activation"
+    assert family("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_"
+                  "warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel") == "GEMM"
+    assert family("void vllm::moe::moe_align_block_size_kernel<int>") == "MoE"
+    assert family("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::"
+                  "FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90") == "dense attention"
 
 
 def test_report_shows_step_split_and_failed_profiles(tmp_path):
@@ -70,3 +78,27 @@ def test_prefill_layer_times_sum_the_chunks_and_skip_decode_calls():
     assert _layer_ms(model, 1) == [500.0, 1.0]
     _clear_layer_log(model)
     assert model._step_profile_log == [[], []]
+
+
+def test_device_time_counts_each_kernel_once():
+    """The profiler gives a launching operator (``aten::mm``) the device time of the
+    kernel it launched as well; only the device-side event may count (the 2026-12-07
+    prefill profile summed both: 598 ms of kernels in a 375 ms step)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.engine_ab.step_profile import _kernel_times
+
+    def evt(key, device_type, device_us, cpu_us=0.0):
+        return SimpleNamespace(key=key, device_type=device_type,
+                               self_device_time_total=device_us, self_cpu_time_total=cpu_us)
+
+    events = [evt("aten::mm", DeviceType.CPU, 70.0, cpu_us=5.0),
+              evt("nvjet_sm90_tst_192x192", DeviceType.CUDA, 70.0),
+              evt("vllm::moe_forward_shared", DeviceType.CPU, 120.0, cpu_us=9.0),
+              evt("fused_moe_kernel", DeviceType.CUDA, 120.0)]
+    prof = SimpleNamespace(key_averages=lambda: events)
+    assert _kernel_times(prof, cuda=True) == {"nvjet_sm90_tst_192x192": 70.0,
+                                              "fused_moe_kernel": 120.0}
+    assert _kernel_times(prof, cuda=False) == {"aten::mm": 5.0, "vllm::moe_forward_shared": 9.0}

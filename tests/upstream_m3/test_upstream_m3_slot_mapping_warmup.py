@@ -32,6 +32,11 @@ def test_runs_vllms_own_call_on_a_real_block_table(cuda_alike, monkeypatch):
     from vllm.utils.cpu_triton_utils import compute_slot_mapping_kernel
     from vllm.models.minimax_m3.common.slot_mapping_warmup import slot_mapping_warmup
 
+    if not hasattr(torch.ops._C, "compute_slot_mapping_kernel_impl"):
+        # found on the H100 (2026-12-07): a CUDA build has no CPU stand-in
+        pytest.skip("the CPU build's stand-in kernel is not in this (GPU) build; "
+                    "test_the_first_step_finds_the_kernel_compiled runs the real one")
+
     monkeypatch.setattr(bt_mod, "_compute_slot_mapping_kernel", compute_slot_mapping_kernel)
     table = bt_mod.MultiGroupBlockTable(
         max_num_reqs=4, max_num_batched_tokens=MAX_TOKENS,
