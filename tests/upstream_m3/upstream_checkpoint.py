@@ -65,3 +65,29 @@ def bf16_index_keys():
         yield hf_mod.MiniMaxM3SparseForConditionalGeneration
     finally:
         hf_mod.apply_rotary_pos_emb, hf_mod.MiniMaxM3VLIndexer.forward = rope, index_forward
+
+
+@contextlib.contextmanager
+def fp8_kv_cache():
+    """transformers' MiniMax-M3 attention reading its keys and values rounded to FP8
+    e4m3 (scale 1.0, after RoPE), as an engine with ``kv_cache_dtype="fp8"`` and no
+    checkpoint scales stores them; the arithmetic stays in the model's dtype. Load the
+    model with ``attn_implementation="eager"``: only the eager attention is wrapped."""
+    import transformers.models.minimax_m3_vl.modeling_minimax_m3_vl as hf_mod
+
+    eager = hf_mod.eager_attention_forward
+    e4m3 = torch.float8_e4m3fn
+    big = torch.finfo(e4m3).max
+
+    def rounded(module, query, key, value, *args, **kwargs):
+        if key.abs().max() > big or value.abs().max() > big:
+            raise ValueError(f"fp8_kv_cache: a key or value exceeds e4m3's {big}; a scale-1.0 "
+                             "FP8 cache cannot hold it (use a checkpoint with smaller values)")
+        key, value = key.to(e4m3).to(key.dtype), value.to(e4m3).to(value.dtype)
+        return eager(module, query, key, value, *args, **kwargs)
+
+    hf_mod.eager_attention_forward = rounded
+    try:
+        yield
+    finally:
+        hf_mod.eager_attention_forward = eager
