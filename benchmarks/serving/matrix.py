@@ -16,6 +16,9 @@ ISLs a run selects, so split runs stay comparable.  Per row (ISL x concurrency, 
 `vllm bench serve --backend vllm --dataset-name random --ignore-eos --temperature 0
 --save-result`, after an unrecorded warm-up (concurrency > 1: that many prompts of
 min(ISL, --warmup-isl) tokens, --warmup-osl tokens); output tok/s, median TTFT, median TPOT.
+Before each concurrency-1 row, the first request at that length against 3 repeats
+(``first_request.py``: TTFT client-side; issue 48's "first <= 1.2 x a repeat"), unless
+--no-first-request.
 
 Rows run concurrency-major (every ISL at concurrency 1, then 8, then 32), so the
 rows where upstream's path crashed before (illegal memory access at decode batch >= 8)
@@ -95,6 +98,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="warm-up prompt length cap (4096)")
     run.add_argument("--warmup-osl", type=int, default=None, help="warm-up output tokens (16)")
     run.add_argument("--no-warmup", action="store_true", help="no per-row warm-up")
+    run.add_argument("--no-first-request", action="store_true",
+                     help="skip the first-request probe of each concurrency-1 row "
+                     "(benchmarks/serving/first_request.py)")
     run.add_argument("--on-crash", choices=("restart", "skip-higher-concurrency"),
                      default="restart", help="after a crashed row: start the server again for "
                      "the next row (default), or also skip the side's rows at that concurrency "
@@ -132,7 +138,8 @@ def build_matrix(a: argparse.Namespace) -> Matrix:
     m = Matrix(isls=isls, concs=concs, osl=a.osl or d["osl"], prompts=prompts,
                warmup=not a.no_warmup, warmup_isl=a.warmup_isl or d["warmup_isl"],
                warmup_osl=a.warmup_osl or d["warmup_osl"], row_timeout=a.row_timeout,
-               on_crash=a.on_crash, max_restarts=a.max_restarts)
+               on_crash=a.on_crash, max_restarts=a.max_restarts,
+               first_request=not a.no_first_request)
     if max(m.isls) + m.osl > (a.max_model_len or d["max_model_len"]):
         raise UsageError(f"ISL {max(m.isls)} + OSL {m.osl} exceeds --max-model-len "
                          f"{a.max_model_len or d['max_model_len']}")

@@ -93,8 +93,9 @@ def jit_section(sides: dict) -> list[str]:
         return []
     lines = ["", "## Kernels compiled inside requests", "",
              "vLLM's JIT monitor (`--jit-monitor-verbose` on A and B) in the server log: a kernel "
-             "variant compiled after start-up, during the row's unrecorded warm-up or during "
-             "its recorded run. Rows not listed compiled nothing.", ""]
+             "variant compiled after start-up, during the row's unrecorded warm-up (at "
+             "concurrency 1: the first-request probe, where one ran) or during its recorded "
+             "run. Rows not listed compiled nothing.", ""]
     warm = [(n, srv["series_warmup"]) for n, s in sides.items() for run in s["runs"]
             for srv in run["servers"] if srv.get("series_warmup")]
     lines += [f"- {n} start-up: {w}" for n, w in warm]
@@ -105,6 +106,33 @@ def jit_section(sides: dict) -> list[str]:
     for n, r in hits:
         lines.append(f"| {n} | {r['isl']} / {r['osl']} x {r['concurrency']} | "
                      f"{_counted(r.get('jit_in_warmup', []))} | {_counted(r.get('jit_in_run', []))} |")
+    return lines
+
+
+def first_request_section(sides: dict) -> list[str]:
+    """The first request at each prompt length against its repeats (first_request.py),
+    per side; empty for side files without the probe."""
+    rows = [(n, r) for n, s in sides.items() for r in s["rows"].values() if r.get("first_request")]
+    if not rows:
+        return []
+    lines = ["", "## First request at a new prompt length", "",
+             "Before each concurrency-1 row: one streamed request of the row's ISL, then "
+             "repeats of the same length (fresh random tokens each), TTFT client-side; "
+             "`fresh`: the server had not served that length before. Issue 48's criterion: "
+             "first <= 1.2 x the repeats' median. JIT: what vLLM's monitor saw compile "
+             "during these requests.", "",
+             "| side | ISL | fresh | first TTFT, ms | repeats, ms | first / median | <= 1.2 | JIT |",
+             "|---|---|---|---|---|---|---|---|"]
+    for n, r in sorted(rows, key=lambda nr: (nr[1]["isl"], nr[0])):
+        f = r["first_request"]
+        if "error" in f:
+            lines.append(f"| {n} | {r['isl']} | {'yes' if f.get('fresh') else 'no'} | "
+                         f"failed: {f['error'].replace('|', '/')[:200]} | - | - | - | - |")
+            continue
+        lines.append(f"| {n} | {r['isl']} | {'yes' if f.get('fresh') else 'no'} | "
+                     f"{f['first_ttft_ms']:.1f} | {', '.join(f'{t:.1f}' for t in f['repeat_ttft_ms'])} | "
+                     f"{f['first_over_repeat']:.2f} | {'yes' if f['within_limit'] else '**no**'} | "
+                     f"{_counted(f.get('jit', []))} |")
     return lines
 
 
@@ -167,6 +195,7 @@ def render(sides: dict) -> str:
                          + " | ".join(cell(rows[n], key, fmt) for n in names)
                          + "".join(f" | {ratio(rows[o], rows.get('A'), key)}" for o in others)
                          + " |")
+    lines += first_request_section(sides)
     lines += jit_section(sides)
     bad = [(n, f"{r['name']} (OSL {r['osl']})" if len(osls) > 1 else r["name"], r)
            for n, s in sides.items() for r in s["rows"].values() if r.get("status") != "ok"]

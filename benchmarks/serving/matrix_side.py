@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from .bench_serve import bench_args, display_cmd, read_result, run_cli, warmup_args
+from .first_request import first_and_repeats
 from .matrix_spec import Matrix, Side, row_name
 from .server import Plan, Server, ServerCfg, Stop
 
@@ -87,6 +88,7 @@ class SideRun:
                              extra_args=side.serve_args + tuple(extra_args))
         self.path = plan.out / f"side-{side.name}.json"
         self.server, self.log_offset, self.failed_starts = None, 0, 0
+        self.lengths_seen = set()  # prompt lengths the current server has served
         self.t0 = time.monotonic()
         self.state = {"side": side.name, "what": side.what, "env": dict(self.cfg.environment()),
                       "meta": dict(meta, date=now()), "servers": [], "rows": {}}
@@ -119,6 +121,7 @@ class SideRun:
         server.record.update(reason=reason, started_at_s=round(time.monotonic() - self.t0, 1))
         self.state["servers"].append(server.record)
         self.server = server
+        self.lengths_seen = set()
         try:
             server.start()
         except Exception as e:
@@ -234,6 +237,14 @@ class SideRun:
                 if r["rc"] == "timeout":
                     return dict(rec, status="timeout", reason=f"warm-up: {r.get('error')}")
                 rec["warmup_error"] = str(r.get("error") or f"rc {r['rc']}")[:300]
+        if self.m.first_request and c == 1:
+            probe_offset = serve_log.stat().st_size if serve_log.exists() else 0
+            first = self.first_request(isl)
+            first["jit"] = jit_compiles(read_from(serve_log, probe_offset))
+            rec["first_request"] = first
+            if "error" in first and server_state(self.server, 10) != "alive":
+                return self.crashed(rec, "in the first-request probe")
+        self.lengths_seen.add(isl)
         run_offset = serve_log.stat().st_size if serve_log.exists() else 0
         rec["jit_in_warmup"] = jit_compiles(read_from(serve_log, row_offset)[:run_offset - row_offset])
         r = self.bench.run(args, f"side {self.side.name} {name}", self.timeout())
@@ -256,6 +267,17 @@ class SideRun:
             why = f"cut at the deadline: {why}"
         return dict(rec, status="timeout" if r["rc"] == "timeout" else "failed",
                     reason=str(why)[:500], bench_log_tail=read_from(bench_log, bench_offset)[-3000:])
+
+    def first_request(self, isl: int) -> dict:
+        """The first request at ``isl`` against its repeats (first_request.py); ``fresh``:
+        the server had not served this length before. Errors are recorded, not raised."""
+        fresh = isl not in self.lengths_seen
+        try:
+            r = first_and_repeats(self.server, isl, self.plan.vocab, self.m.first_repeats,
+                                  timeout=self.timeout(), seed=isl)
+        except Exception as e:  # the recorded run that follows says whether the server lives
+            r = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+        return dict(r, fresh=fresh)
 
     def crashed(self, rec: dict, when: str) -> dict:
         text = self.server_log()

@@ -84,6 +84,8 @@ class Matrix:
     min_row_s: float = 30.0  # no row starts with less time left than this
     on_crash: str = "restart"
     max_restarts: int = -1
+    first_request: bool = True  # time the first request at each length (concurrency 1 rows)
+    first_repeats: int = 3
 
     def rows(self) -> list[tuple[int, int]]:
         """Concurrency-major: the rows where upstream's path crashed come last."""
@@ -106,7 +108,9 @@ def estimate(m: Matrix, sides: int) -> tuple[list[str], float]:
         step_ms = g["step_ms_b1"] + g["step_ms_per_seq"] * min(c, n)
         s = (n * isl / g["prefill_tok_s"] + math.ceil(n / c) * m.osl * step_ms / 1e3
              + g["row_overhead_s"] + (min(isl, m.warmup_isl) * c / g["prefill_tok_s"]
-                                      if m.warmup and c > 1 else 0))
+                                      if m.warmup and c > 1 else 0)
+             + ((1 + m.first_repeats) * isl / g["prefill_tok_s"]
+                if m.first_request and c == 1 else 0))
         total += sides * s
         lines.append(f"  {row_name(isl, c):>16}  prompts {n:>3}  prefill tokens "
                      f"{n * isl:>9}  ~{s:5.0f} s per side")
