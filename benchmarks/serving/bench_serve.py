@@ -33,7 +33,8 @@ def bench_args(port: int, model_dir: str, isl: int, osl: int, conc: int, num_pro
                ready_check_s: int | None = None) -> list[str]:
     """Arguments after ``vllm``: the random dataset at exactly ``isl`` / ``osl``
     tokens, greedy, ignore_eos, at most ``conc`` requests in flight; with
-    ``result_dir`` the --save-result JSON goes to ``result_dir / result_name``.
+    ``result_dir`` the --save-result JSON goes to ``result_dir / result_name``, with
+    --save-detailed (per-request TTFTs: ``read_result``'s ``ttfts_ms``).
     ``ready_check_s`` bounds bench's initial test request retries (its default is
     600 s of retries against a server that died)."""
     args = ["bench", "serve", "--backend", "vllm", "--host", "127.0.0.1", "--port", str(port),
@@ -45,7 +46,7 @@ def bench_args(port: int, model_dir: str, isl: int, osl: int, conc: int, num_pro
     if ready_check_s is not None:
         args += ["--ready-check-timeout-sec", str(ready_check_s)]
     if result_dir is not None:
-        args += ["--save-result", "--result-dir", str(result_dir),
+        args += ["--save-result", "--save-detailed", "--result-dir", str(result_dir),
                  "--result-filename", str(result_name)]
     return args
 
@@ -75,12 +76,15 @@ def display_cmd(args: list[str], model_dir: str) -> str:
 
 
 def read_result(path: Path, num_prompts: int) -> dict:
-    """The metrics of a --save-result JSON; ``ok``: every prompt completed, none failed.
+    """The metrics of a --save-result JSON; ``ok``: every prompt completed, none failed;
+    ``ttfts_ms``: each request's TTFT in request order where --save-detailed gave them.
     A missing file gives ``{"ok": False, "error": ...}``."""
     if not path.exists():
         return {"ok": False, "error": f"no result file {path.name}"}
     res = json.loads(path.read_text())
     out = {k: res.get(k) for k in RESULT_KEYS}
+    if isinstance(res.get("ttfts"), list):
+        out["ttfts_ms"] = [round(t * 1e3, 2) if t is not None else None for t in res["ttfts"]]
     out["ok"] = out["completed"] == num_prompts and not out["failed"]
     return out
 

@@ -38,12 +38,27 @@ def test_bench_and_warmup_arguments():
                         ("--max-concurrency", "8"), ("--ready-check-timeout-sec", "20"),
                         ("--result-filename", "x.json"), ("--temperature", "0")):
         assert args[args.index(flag) + 1] == value
-    assert "--ignore-eos" in args and "--save-result" in args
+    assert "--ignore-eos" in args and "--save-result" in args and "--save-detailed" in args
     warm = warmup_args(args, 8, 16, 4096)
     assert "--save-result" not in warm and "--result-dir" not in warm
+    assert "--save-detailed" not in warm
     assert warm[warm.index("--random-input-len") + 1] == "4096"
     assert warm[warm.index("--random-output-len") + 1] == "16"
     assert warm[warm.index("--seed") + 1] == "1"
+
+
+def test_result_keeps_per_request_ttfts_when_bench_saved_them(tmp_path):
+    from benchmarks.serving.bench_serve import read_result
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"completed": 2, "failed": 0, "median_ttft_ms": 40.0,
+                             "ttfts": [0.0412, 0.0398]}))
+    r = read_result(f, 2)
+    assert r["ok"] and r["ttfts_ms"] == [41.2, 39.8]
+    f.write_text(json.dumps({"completed": 1, "failed": 1}))
+    r = read_result(f, 2)
+    assert not r["ok"] and "ttfts_ms" not in r
+    assert read_result(tmp_path / "none.json", 2) == {"ok": False,
+                                                      "error": "no result file none.json"}
 
 
 def side_json(path: Path, side: str, date: str, vllm: str, rows: dict, starts: list) -> str:

@@ -29,6 +29,9 @@ def test_smoke_matrix_serves_every_row_and_times_first_requests(tmp_path):
     assert side["servers"][0]["msa_path_in_log"] == "series"
     rows = side["rows"]
     assert rows and all(r["status"] == "ok" and r["output_throughput"] > 0 for r in rows.values())
+    # --save-detailed: one TTFT per recorded request
+    assert all(len(r["ttfts_ms"]) == r["num_prompts"] and min(r["ttfts_ms"]) > 0
+               for r in rows.values())
     probes = {r["isl"]: r["first_request"] for r in rows.values() if r["concurrency"] == 1}
     assert probes and all("first_request" not in r for r in rows.values() if r["concurrency"] > 1)
     for isl, p in probes.items():
