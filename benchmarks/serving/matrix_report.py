@@ -95,7 +95,10 @@ def jit_section(sides: dict) -> list[str]:
              "vLLM's JIT monitor (`--jit-monitor-verbose` on A and B) in the server log: a kernel "
              "variant compiled after start-up, during the row's unrecorded warm-up (at "
              "concurrency 1: the first-request probe, where one ran) or during its recorded "
-             "run. Rows not listed compiled nothing.", ""]
+             "run. Rows not listed compiled nothing"
+             + (" (side C, vLLM 0.23.0, has no monitor)." if any(
+                 "jit_in_run" not in r for s in sides.values() for r in s["rows"].values()
+                 if r.get("status") == "ok") else "."), ""]
     warm = [(n, srv["series_warmup"]) for n, s in sides.items() for run in s["runs"]
             for srv in run["servers"] if srv.get("series_warmup")]
     lines += [f"- {n} start-up: {w}" for n, w in warm]
@@ -120,7 +123,7 @@ def first_request_section(sides: dict) -> list[str]:
              "repeats of the same length (fresh random tokens each), TTFT client-side; "
              "`fresh`: the server had not served that length before. Issue 48's criterion: "
              "first <= 1.2 x the repeats' median. JIT: what vLLM's monitor saw compile "
-             "during these requests.", "",
+             "during these requests (not monitored: vLLM 0.23.0, side C).", "",
              "| side | ISL | fresh | first TTFT, ms | repeats, ms | first / median | <= 1.2 | JIT |",
              "|---|---|---|---|---|---|---|---|"]
     for n, r in sorted(rows, key=lambda nr: (nr[1]["isl"], nr[0])):
@@ -132,7 +135,7 @@ def first_request_section(sides: dict) -> list[str]:
         lines.append(f"| {n} | {r['isl']} | {'yes' if f.get('fresh') else 'no'} | "
                      f"{f['first_ttft_ms']:.1f} | {', '.join(f'{t:.1f}' for t in f['repeat_ttft_ms'])} | "
                      f"{f['first_over_repeat']:.2f} | {'yes' if f['within_limit'] else '**no**'} | "
-                     f"{_counted(f.get('jit', []))} |")
+                     + (f"{_counted(f['jit'])} |" if "jit" in f else "not monitored |"))
     return lines
 
 

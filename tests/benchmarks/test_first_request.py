@@ -128,6 +128,9 @@ def test_the_report_lists_the_probe_and_flags_a_slow_first_request(tmp_path):
         in section
     assert "| A | 32768 | yes | 380.0 | 377.0, 379.0 | 1.00 | yes | none |" in section
     assert "| A | 8192 | yes | failed: APIConnectionError: refused |" in section
+    del state["rows"]["a"]["first_request"]["jit"]  # side C: vLLM 0.23.0 has no JIT monitor
+    (tmp_path / "c.json").write_text(json.dumps(state))
+    assert "| 3.00 | **no** | not monitored |" in render(merge([str(tmp_path / "c.json")]))
     del state["rows"]["a"]["first_request"], state["rows"]["b"]["first_request"]
     del state["rows"]["c"]["first_request"]
     (tmp_path / "b.json").write_text(json.dumps(state))
