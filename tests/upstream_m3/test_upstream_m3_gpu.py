@@ -69,13 +69,23 @@ def _describe(diff: torch.Tensor) -> str:
 def test_without_selection_the_two_kernel_sets_agree(tmp_path_factory):
     """top-16 over prompts of at most 7 blocks: both sides attend every block, so only
     the kernels' arithmetic differs."""
-    _, a, b = _sides(tmp_path_factory, 16, "auto")
+    _a_against_b(*_sides(tmp_path_factory, 16, "auto")[1:], "top-16 kv=auto")
+
+
+def _a_against_b(a, b, label: str) -> None:
+    """A's and B's prompt logprobs (mean difference under AB_MEAN_TOL) and greedy tokens
+    (equal), every prompt printed before any assertion, so one failing prompt does not
+    hide the others' numbers."""
+    failures = []
     for ra, rb in zip(a, b):
         diff = _diff(ra["prompt_logprobs"][1:], rb["prompt_logprobs"][1:])
-        print(f"top-16 kv=auto len={len(diff) + 1}: A vs B {_describe(diff)}; "
+        print(f"{label} len={len(diff) + 1}: A vs B {_describe(diff)}; "
               f"tokens A={ra['tokens']} B={rb['tokens']}")
-        assert diff.mean().item() < AB_MEAN_TOL
-        assert ra["tokens"] == rb["tokens"]
+        if not diff.mean().item() < AB_MEAN_TOL:
+            failures.append((len(diff) + 1, "mean", diff.mean().item(), AB_MEAN_TOL))
+        if ra["tokens"] != rb["tokens"]:
+            failures.append((len(diff) + 1, "greedy tokens differ"))
+    assert not failures, failures
 
 
 def _each_side_against_the_oracle(hf, a, b, label: str, fp8_kv: bool) -> None:
@@ -88,6 +98,7 @@ def _each_side_against_the_oracle(hf, a, b, label: str, fp8_kv: bool) -> None:
         load = dict(attn_implementation="eager") if fp8_kv else {}
         ref32 = hf_cls.from_pretrained(hf, dtype=torch.float32, **load).eval()
         ref16 = hf_cls.from_pretrained(hf, dtype=torch.bfloat16, **load).eval()
+        failures = []
         for i, prompt in enumerate(PROMPTS):
             want = hf_token_logprobs(ref32, prompt)
             own = _diff(hf_token_logprobs(ref16, prompt), want)
@@ -98,8 +109,9 @@ def _each_side_against_the_oracle(hf, a, b, label: str, fp8_kv: bool) -> None:
                 print(f"{label} len={len(prompt)}: {side} vs fp32 oracle {_describe(errs[side])}")
             print(f"{label} len={len(prompt)}: transformers bf16 vs fp32 {_describe(own)}; "
                   f"bound {bound:.5f}")
-            for side, err in errs.items():
-                assert err.mean().item() <= bound, (side, err.mean().item(), bound)
+            failures += [(len(prompt), side, err.mean().item(), bound)
+                         for side, err in errs.items() if not err.mean().item() <= bound]
+    assert not failures, failures  # after every prompt and side is printed
 
 
 def test_each_side_is_as_close_to_transformers_as_its_bf16_forward(tmp_path_factory):
@@ -117,7 +129,9 @@ def test_with_fp8_kv_each_side_is_as_close_to_an_fp8_kv_oracle(tmp_path_factory)
     with the last bit of a key, so this random model's bf16-vs-fp32 error with FP8 KV is
     about 1.1 (0.33 with bf16 KV), and on CPU a bf16 forward with no FP8 KV at all stayed
     inside the bound at 300 tokens (1.39 against 1.64). The printed per-side errors are
-    the measurement; the assertion only catches a side far off."""
+    the measurement; the assertion only catches a side far off. First GPU run (H100,
+    2026-12-07, benchmarks/results/engine_ab/2026-12-07-v0.26.0-h100-fp8-oracle.md): at
+    300 tokens A 1.657, B 1.633, bound 1.628: failed on both, B nearer by 1.4%."""
     _each_side_against_the_oracle(*_sides(tmp_path_factory, 2, "fp8"), "top-2 kv=fp8",
                                   fp8_kv=True)
 
@@ -127,10 +141,4 @@ def test_series_msa_matches_upstreams_kernels(tmp_path_factory, kv):
     """bf16 engines, prompts of 3-7 sparse blocks with top-2 selected, chunked prefill:
     the two kernel sets read the same caches and bf16 index keys, so their prompt
     logprobs agree to bf16 accumulation-order noise and the greedy tokens match."""
-    _, a, b = _sides(tmp_path_factory, 2, kv)
-    for ra, rb in zip(a, b):
-        diff = _diff(ra["prompt_logprobs"][1:], rb["prompt_logprobs"][1:])
-        print(f"top-2 kv={kv} len={len(diff) + 1}: A vs B {_describe(diff)}; "
-              f"tokens A={ra['tokens']} B={rb['tokens']}")
-        assert diff.mean().item() < AB_MEAN_TOL
-        assert ra["tokens"] == rb["tokens"]
+    _a_against_b(*_sides(tmp_path_factory, 2, kv)[1:], f"top-2 kv={kv}")
