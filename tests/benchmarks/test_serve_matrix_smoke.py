@@ -6,6 +6,7 @@ concurrency-1 row (benchmarks/serving/first_request.py). v0.23.0 has no JIT moni
 no compile lists are recorded and the report says so. The v0.26.0 flavor's side B runs in
 tests/upstream_m3/test_upstream_m3_serve_matrix_smoke.py. No performance meaning on CPU."""
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -15,10 +16,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-vllm = pytest.importorskip("vllm", reason="needs the flavor's CPU build (make install-cpu)")
-if not vllm.__version__.startswith("0.23."):
-    pytest.skip(f"side C needs the v0.23.0 flavor's build, found vllm {vllm.__version__}",
-                allow_module_level=True)
+
+def _installed_vllm() -> str | None:
+    """The installed vLLM's version, read from its metadata: importing vllm here would
+    import triton before tests/kernels/conftest.py sets TRITON_INTERPRET."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+VLLM = _installed_vllm()
+if VLLM is None or not VLLM.startswith("0.23."):
+    pytest.skip(f"side C needs the v0.23.0 flavor's CPU build (make install-cpu); found vllm "
+                f"{VLLM}", allow_module_level=True)
 
 
 def test_smoke_matrix_side_c_serves_every_row_and_times_first_requests(tmp_path):
