@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from .model import write_model_dir
+from .step_profile import ctx_out_path, parse_ctx_list
 
 # A and B: one v0.26.0-flavor install, the knob picks the MSA path. C: the v0.23.0 flavor's
 # install (the knob does not exist there), run in a call of its own.
@@ -38,9 +39,14 @@ def main(argv=None) -> int:
                         "graphs|eager (decode steps) and prefill|prefill-eager (one prefill "
                         "of --prefill-ctx tokens), e.g. graphs,prefill")
     p.add_argument("--profile-batch", type=int, default=1)
-    p.add_argument("--prefill-ctx", type=int, default=32768)
+    p.add_argument("--prefill-ctx", default="32768",
+                   help="prompt length of the prefill profiles; a comma list (e.g. 1023,1024) "
+                        "profiles each length in the same engine start")
+    p.add_argument("--prefill-repeats", type=int, default=10,
+                   help="unprofiled prefills timed per length before the profiled one")
     p.add_argument("--no-rows", action="store_true", help="profile only")
     args = p.parse_args(argv)
+    prefill_ctxs = parse_ctx_list(args.prefill_ctx, 32768)
     os.makedirs(args.out, exist_ok=True)
     model = write_model_dir(os.path.join(args.out, "model"), args.layers, args.smoke)
     results = os.path.join(args.out, "engine_ab.json")
@@ -63,16 +69,22 @@ def main(argv=None) -> int:
             if mode not in PROFILE_MODES:
                 p.error(f"unknown profile mode {mode!r}: one of {', '.join(PROFILE_MODES)}")
             prefill = mode.startswith("prefill")
-            shape = (["--prefill", "--ctx", str(args.prefill_ctx)] if prefill
+            shape = (["--prefill", "--ctx", ",".join(map(str, prefill_ctxs)),
+                      "--repeats", str(args.prefill_repeats)] if prefill
                      else ["--batch", str(args.profile_batch)])
-            tag = f"ctx{args.prefill_ctx}" if prefill else f"b{args.profile_batch}"
-            prof = os.path.join(args.out, f"profile-{side}-{mode}-{tag}.json")
+            several = prefill and len(prefill_ctxs) > 1
+            tag = ("" if several else f"-ctx{prefill_ctxs[0]}") if prefill \
+                else f"-b{args.profile_batch}"
+            prof = os.path.join(args.out, f"profile-{side}-{mode}{tag}.json")
             prc = _run([sys.executable, "-m", "benchmarks.engine_ab.step_profile", "--model",
                         model, "--out", prof, *shape, *smoke,
                         *(["--eager"] if mode.endswith("eager") else [])], env,
                        prof.replace(".json", ".log"), args.timeout)
-            meta["sides"][side]["profiles"][mode] = (
-                json.load(open(prof)) if os.path.exists(prof) else {"rc": prc})
+            for ctx in (prefill_ctxs if several else [None]):
+                path = ctx_out_path(prof, ctx, True) if ctx else prof
+                key = f"{mode}@{ctx}" if ctx else mode
+                meta["sides"][side]["profiles"][key] = (
+                    json.load(open(path)) if os.path.exists(path) else {"rc": prc})
         json.dump(meta, open(results, "w"), indent=1)
     from .report import write_report
     write_report(meta, os.path.join(args.out, "engine_ab.md"))

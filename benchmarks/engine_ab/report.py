@@ -26,12 +26,40 @@ def write_report(meta: dict, path: str) -> None:
         lines.append(f"| {n} | " + " | ".join("-" if v is None else str(v) for v in vals)
                      + "".join(f" | {r}" for r in ratios) + " |")
     lines.append("")
+    lines += prefill_wall_lines(sides)
     lines += profile_lines(sides)
     for s, d in sides.items():
         if d["rc"] not in (0, "not run"):
             lines.append(f"Side {s} ended with rc={d['rc']} (see side-{s}.log); rows after "
                          "the last one shown were not measured.")
     open(path, "w").write("\n".join(lines) + "\n")
+
+
+def prefill_wall_lines(sides: dict) -> list[str]:
+    """One row per prefill profile (mode and length): each side's median wall time of
+    the unprofiled prefills, and each other side against A (> 1: faster than A)."""
+    keys = []
+    for d in sides.values():
+        keys += [k for k, prof in (d.get("profiles") or {}).items()
+                 if k.startswith("prefill") and "wall_median_ms" in prof and k not in keys]
+    if not keys:
+        return []
+    others = [s for s in sides if s != "A"] if "A" in sides else []
+
+    def wall(side, key):
+        return (sides[side].get("profiles") or {}).get(key, {}).get("wall_median_ms")
+
+    out = ["## Prefill wall time without the profiler (median of the unprofiled repeats)", "",
+           "| prefill | " + " | ".join(f"{s}, ms" for s in sides)
+           + "".join(f" | {o} vs A" for o in others) + " |",
+           "|---|" + "---|" * (len(sides) + len(others))]
+    for k in keys:
+        cells = [wall(s, k) for s in sides]
+        ratios = [f"{wall('A', k) / wall(o, k):.2f}x" if wall("A", k) and wall(o, k) else "n/a"
+                  for o in others]
+        out.append(f"| {k} | " + " | ".join("-" if c is None else str(c) for c in cells)
+                   + "".join(f" | {r}" for r in ratios) + " |")
+    return out + [""]
 
 
 def profile_lines(sides: dict) -> list[str]:
@@ -48,10 +76,13 @@ def profile_lines(sides: dict) -> list[str]:
             what = (f"One {prof['ctx']}-token prompt" if prefill
                     else f"Batch {prof['batch']} over {prof['ctx']}-token contexts")
             count = "the whole prefill" if prefill else f"{prof['steps']} steps"
+            unprofiled = (f" Without the profiler: median {prof['wall_median_ms']} ms over "
+                          f"{len(prof.get('wall_ms_samples', []))} fresh prompts."
+                          if "wall_median_ms" in prof else "")
             out += [head, "",
                     f"{what} on {prof['device']}: "
                     f"step {prof['step_ms']} ms = kernels {prof['kernel_ms_per_step']} ms + host "
-                    f"{prof['host_ms_per_step']} ms ({count}).", "",
+                    f"{prof['host_ms_per_step']} ms ({count}, profiled).{unprofiled}", "",
                     "| kernel family | us per step |", "|---|---|"]
             out += [f"| {k} | {v} |" for k, v in prof["families_us_per_step"].items()]
             out += ["", "| kernel (top 12) | us per step |", "|---|---|"]

@@ -19,12 +19,19 @@ Method (the decode step alone, without the prefill that precedes it):
 ``--prefill`` profiles one prefill instead: a fresh ``--ctx``-token prompt (default
 32768, chunks of 8192) generating one token, after a warm prefill of the same length;
 the step is the whole prefill (every chunk), its wall time the engine's TTFT without a
-server, and (eager) each layer's time summed over the chunks.
+server, and (eager) each layer's time summed over the chunks. Before the profiled
+prefill, ``--repeats`` unprofiled ones on fresh prompts give the median wall time
+without the profiler's overhead (``wall_median_ms``; at 1k tokens the profiler's share
+of a 30 ms prefill is not small). ``--ctx`` takes a comma list for prefills (e.g.
+``1023,1024``: each side of a layout threshold), all in one engine start; each length
+gets its own JSON, ``--out`` with ``-ctx<N>`` before ``.json`` when there are several.
 Writes ``--out`` (JSON) and prints a markdown summary.
 """
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import statistics
 import time
@@ -140,12 +147,21 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--eager", action="store_true", help="no graphs; adds per-layer times")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--ctx", type=int, default=0,
-                   help="context tokens (default 8192, --prefill 32768; smoke 512)")
+    p.add_argument("--ctx", default="",
+                   help="context tokens (default 8192, --prefill 32768; smoke 512); with "
+                        "--prefill a comma list profiles each length in one engine start")
+    p.add_argument("--repeats", type=int, default=10,
+                   help="--prefill: unprofiled prefills timed before the profiled one")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--prefill", action="store_true",
                    help="profile one prefill of --ctx tokens (batch 1) instead of decode steps")
     args = p.parse_args()
+    default_ctx = 512 if args.smoke else 32768 if args.prefill else 8192
+    ctxs = parse_ctx_list(args.ctx, default_ctx)
+    if len(ctxs) > 1 and not args.prefill:
+        p.error("--ctx takes one length for decode steps; a comma list needs --prefill")
+    if args.prefill and args.batch != 1:
+        p.error("--prefill profiles one request: leave --batch at 1")
     import random
 
     import torch
@@ -162,62 +178,97 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     layer_names = llm.apply_model(_layer_hooks)[0] if args.eager else []
     vocab = 512 if args.smoke else 32000
-    ctx = args.ctx or (512 if args.smoke else 32768 if args.prefill else 8192)
-    if args.prefill and args.batch != 1:
-        p.error("--prefill profiles one request: leave --batch at 1")
     rng = random.Random(0)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
-    def run(tokens: int) -> tuple[float, dict]:
+    def run(tokens: int, ctx: int, profiled: bool = True) -> tuple[float, dict]:
         sp = SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0.0,
                             ignore_eos=True, detokenize=False)
         prompts = _prompts(args.batch, ctx, vocab, rng)
-        with profile(activities=acts) as prof:
+        with (profile(activities=acts) if profiled else contextlib.nullcontext()) as prof:
             t = time.perf_counter()
             llm.generate(prompts, sp, use_tqdm=False)
             if cuda:
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t
-        return wall, _kernel_times(prof, cuda)
+        return wall, (_kernel_times(prof, cuda) if profiled else {})
 
-    if args.prefill:      # the whole prefill of one fresh prompt (its token comes with it)
-        run(1)                              # warm: compilation at this length
+    for ctx in ctxs:
+        walls = []
+        if args.prefill:  # the whole prefill of one fresh prompt (its token comes with it)
+            run(1, ctx, profiled=False)             # warm: compilation at this length
+            walls = [run(1, ctx, profiled=False)[0] * 1e3 for _ in range(args.repeats)]
+            if args.eager:
+                llm.apply_model(_clear_layer_log)
+            wall, kernels = run(1, ctx)
+            per_step = {k: round(v, 2) for k, v in kernels.items() if v > 0.05}
+            step_ms = wall * 1e3
+        else:
+            run(args.steps + 1, ctx)                # warm: compilation, autotuning, first launches
+            run(1, ctx)
+            long_wall, long_k = run(args.steps + 1, ctx)
+            short_wall, short_k = run(1, ctx)
+            per_step = {k: (long_k.get(k, 0.0) - short_k.get(k, 0.0)) / args.steps
+                        for k in set(long_k) | set(short_k)}
+            per_step = {k: round(v, 2) for k, v in per_step.items() if v > 0.05}
+            step_ms = (long_wall - short_wall) / args.steps * 1e3
+        result = summarize(per_step, step_ms, cuda, args, ctx,
+                           torch.cuda.get_device_name() if cuda else "cpu", walls)
         if args.eager:
-            llm.apply_model(_clear_layer_log)
-        wall, kernels = run(1)
-        per_step = {k: round(v, 2) for k, v in kernels.items() if v > 0.05}
-        step_ms = wall * 1e3
-    else:
-        run(args.steps + 1)                 # warm: compilation, autotuning, first launches
-        run(1)
-        long_wall, long_k = run(args.steps + 1)
-        short_wall, short_k = run(1)
-        per_step = {k: (long_k.get(k, 0.0) - short_k.get(k, 0.0)) / args.steps
-                    for k in set(long_k) | set(short_k)}
-        per_step = {k: round(v, 2) for k, v in per_step.items() if v > 0.05}
-        step_ms = (long_wall - short_wall) / args.steps * 1e3
+            per_layer = llm.apply_model(
+                lambda m: _layer_ms(m, 0 if args.prefill else args.batch))[0]
+            result["layers_ms"] = dict(zip([f"{i}:{n}" for i, n in enumerate(layer_names)],
+                                           per_layer))
+        json.dump(result, open(ctx_out_path(args.out, ctx, len(ctxs) > 1), "w"), indent=1)
+        print(json.dumps({k: v for k, v in result.items() if k != "kernels_us_per_step"},
+                         indent=1))
+
+
+def parse_ctx_list(text: str, default: int) -> list[int]:
+    """``--ctx``: "" (the default length), one length or a comma list, each >= 1."""
+    if not text.strip():
+        return [default]
+    try:
+        ctxs = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--ctx {text!r}: give token counts, e.g. 1024 or 1023,1024")
+    if not ctxs or min(ctxs) < 1:
+        raise SystemExit(f"--ctx {text!r}: every length must be at least 1 token")
+    return list(dict.fromkeys(ctxs))
+
+
+def ctx_out_path(out: str, ctx: int, several: bool) -> str:
+    """``--out`` itself for one length, else ``<stem>-ctx<N>.json``."""
+    if not several:
+        return out
+    stem = out[:-5] if out.endswith(".json") else out
+    return f"{stem}-ctx{ctx}.json"
+
+
+def summarize(per_step: dict, step_ms: float, cuda: bool, args, ctx: int, device: str,
+              walls: list[float]) -> dict:
+    """step_profile's JSON for one length: families, top kernels, host share and, for
+    prefills, the unprofiled wall times."""
     kernel_ms = sum(per_step.values()) / 1e3 if cuda else None
     fams: dict[str, float] = {}
     for k, v in per_step.items():
         fams[family(k)] = round(fams.get(family(k), 0.0) + v, 2)
     result = {
-        "side_msa": __import__("os").environ.get("VLLM_MINIMAX_M3_MSA", "series"),
+        "side_msa": os.environ.get("VLLM_MINIMAX_M3_MSA", "series"),
         "phase": "prefill" if args.prefill else "decode",
         "batch": args.batch, "ctx": ctx, "steps": 1 if args.prefill else args.steps,
         "eager": args.eager,
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "device": device,
         "step_ms": round(step_ms, 4),
         "kernel_ms_per_step": round(kernel_ms, 4) if kernel_ms is not None else None,
         "host_ms_per_step": round(step_ms - kernel_ms, 4) if kernel_ms is not None else None,
         "families_us_per_step": dict(sorted(fams.items(), key=lambda kv: -kv[1])),
         "kernels_us_per_step": dict(sorted(per_step.items(), key=lambda kv: -kv[1])[:40]),
     }
-    if args.eager:
-        per_layer = llm.apply_model(lambda m: _layer_ms(m, 0 if args.prefill else args.batch))[0]
-        result["layers_ms"] = dict(zip([f"{i}:{n}" for i, n in enumerate(layer_names)],
-                                       per_layer))
-    json.dump(result, open(args.out, "w"), indent=1)
-    print(json.dumps({k: v for k, v in result.items() if k != "kernels_us_per_step"}, indent=1))
+    if walls:
+        result["wall_median_ms"] = round(statistics.median(walls), 4)
+        result["wall_ms_samples"] = [round(w, 4) for w in walls]
+    return result
 
 
 if __name__ == "__main__":

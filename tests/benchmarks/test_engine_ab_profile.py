@@ -3,13 +3,15 @@
 (pure Python; the profile itself runs on the GPU, its CPU smoke by hand)."""
 
 import sys
+
+import pytest
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.engine_ab.report import write_report  # noqa: E402
-from benchmarks.engine_ab.step_profile import family  # noqa: E402
+from benchmarks.engine_ab.step_profile import ctx_out_path, family, parse_ctx_list  # noqa: E402
 
 
 def test_kernel_families():
@@ -61,7 +63,8 @@ def test_report_names_a_prefill_profile(tmp_path):
     write_report(meta, str(out))
     text = out.read_text()
     assert "## Prefill profile, side B, prefill" in text
-    assert "One 32768-token prompt on H100: step 900.0 ms" in text and "(the whole prefill)" in text
+    assert "One 32768-token prompt on H100: step 900.0 ms" in text and "(the whole prefill, profiled)" in text
+    assert "Without the profiler" not in text   # no repeats recorded: nothing claimed
 
 
 def test_prefill_layer_times_sum_the_chunks_and_skip_decode_calls():
@@ -102,3 +105,32 @@ def test_device_time_counts_each_kernel_once():
     assert _kernel_times(prof, cuda=True) == {"nvjet_sm90_tst_192x192": 70.0,
                                               "fused_moe_kernel": 120.0}
     assert _kernel_times(prof, cuda=False) == {"aten::mm": 5.0, "vllm::moe_forward_shared": 9.0}
+
+
+def test_prefill_lengths_parse_and_name_one_file_each():
+    assert parse_ctx_list("", 32768) == [32768]
+    assert parse_ctx_list("1023,1024,1023", 32768) == [1023, 1024]
+    for bad in ("1k", "0", ","):
+        with pytest.raises(SystemExit, match="--ctx"):
+            parse_ctx_list(bad, 32768)
+    assert ctx_out_path("d/profile-B-prefill.json", 1024, True) == "d/profile-B-prefill-ctx1024.json"
+    assert ctx_out_path("d/p.json", 1024, False) == "d/p.json"
+
+
+def test_report_compares_unprofiled_prefill_walls_per_length(tmp_path):
+    def prof(ctx, wall):
+        return {"phase": "prefill", "batch": 1, "ctx": ctx, "steps": 1, "device": "H100",
+                "step_ms": wall * 1.2, "kernel_ms_per_step": wall, "host_ms_per_step": 0.2 * wall,
+                "families_us_per_step": {}, "kernels_us_per_step": {},
+                "wall_median_ms": wall, "wall_ms_samples": [wall] * 10}
+    meta = {"date": "2026-12-07", "layers": 4, "smoke": False, "sides": {
+        "A": {"msa": "upstream", "rc": "not run", "rows": {},
+              "profiles": {"prefill@1023": prof(1023, 30.0), "prefill@1024": prof(1024, 30.0)}},
+        "B": {"msa": "series", "rc": "not run", "rows": {},
+              "profiles": {"prefill@1023": prof(1023, 25.0), "prefill@1024": {"rc": "timeout"}}}}}
+    out = tmp_path / "r.md"
+    write_report(meta, str(out))
+    text = out.read_text()
+    assert "| prefill@1023 | 30.0 | 25.0 | 1.20x |" in text
+    assert "| prefill@1024 | 30.0 | - | n/a |" in text
+    assert "median 25.0 ms over 10 fresh prompts" in text

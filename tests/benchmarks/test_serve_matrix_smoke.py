@@ -8,31 +8,15 @@ v0.26.0 (the series' MSA path, compile lists recorded). `make test` runs this fi
 flavors. No performance meaning on CPU; what is pinned is that every row and every probe
 produced numbers, and that the report carries them."""
 
-import importlib.metadata
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from installed_flavor import series_side_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _installed_vllm() -> str | None:
-    """The installed vLLM's version, read from its metadata: importing vllm here would
-    import triton before tests/kernels/conftest.py sets TRITON_INTERPRET."""
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-VLLM = _installed_vllm()
-SIDE = {"0.23.": "C", "0.26.": "B"}.get((VLLM or "")[:5])
-if SIDE is None:
-    pytest.skip(f"needs a flavor's CPU build, vLLM 0.23.x or 0.26.x (make install-cpu); found "
-                f"vllm {VLLM}", allow_module_level=True)
+SIDE = series_side_or_skip()
 
 
 def test_smoke_matrix_serves_every_row_and_times_first_requests(tmp_path):
