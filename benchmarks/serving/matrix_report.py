@@ -128,12 +128,11 @@ def first_request_section(sides: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|"]
     for n, r in sorted(rows, key=lambda nr: (nr[1]["isl"], nr[0])):
         f = r["first_request"]
+        head = f"| {n} | {r['isl']} | {'yes' if f.get('fresh') else 'no'} | "
         if "error" in f:
-            lines.append(f"| {n} | {r['isl']} | {'yes' if f.get('fresh') else 'no'} | "
-                         f"failed: {f['error'].replace('|', '/')[:200]} | - | - | - | - |")
+            lines.append(head + f"failed: {f['error'].replace('|', '/')[:200]} | - | - | - | - |")
             continue
-        lines.append(f"| {n} | {r['isl']} | {'yes' if f.get('fresh') else 'no'} | "
-                     f"{f['first_ttft_ms']:.1f} | {', '.join(f'{t:.1f}' for t in f['repeat_ttft_ms'])} | "
+        lines.append(head + f"{f['first_ttft_ms']:.1f} | {', '.join(f'{t:.1f}' for t in f['repeat_ttft_ms'])} | "
                      f"{f['first_over_repeat']:.2f} | {'yes' if f['within_limit'] else '**no**'} | "
                      + (f"{_counted(f['jit'])} |" if "jit" in f else "not monitored |"))
     return lines

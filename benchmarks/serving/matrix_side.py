@@ -21,6 +21,11 @@ ERROR_PATTERNS = (re.compile(r"illegal memory access|CUDA error"),
                   re.compile(r"\b\w+(Error|Exception): "), re.compile(r"\bERROR\b"))
 
 
+def log_size(path: Path) -> int:
+    """Bytes in a log so far (0 before it exists): where the next read starts."""
+    return path.stat().st_size if path.exists() else 0
+
+
 def error_line(text: str) -> str | None:
     """The first CUDA error of a server log, else the first exception or ERROR line
     (WARNING lines, which can quote error names, are skipped)."""
@@ -118,7 +123,7 @@ class SideRun:
     # servers -------------------------------------------------------------------------------
     def start_server(self, reason: str) -> bool:
         log = self.plan.out / "serve.log"
-        self.log_offset = log.stat().st_size if log.exists() else 0
+        self.log_offset = log_size(log)
         server = Server(self.cfg, self.plan)
         server.record.update(reason=reason, started_at_s=round(time.monotonic() - self.t0, 1))
         self.state["servers"].append(server.record)
@@ -224,9 +229,9 @@ class SideRun:
         rec = {"isl": isl, "osl": self.m.osl, "concurrency": c, "num_prompts": n,
                "cmd": display_cmd(args, plan.model), "server": len(self.state["servers"])}
         bench_log = plan.out / "bench.log"
-        bench_offset = bench_log.stat().st_size if bench_log.exists() else 0
+        bench_offset = log_size(bench_log)
         serve_log = plan.out / "serve.log"
-        row_offset = serve_log.stat().st_size if serve_log.exists() else 0
+        row_offset = log_size(serve_log)
         if self.m.warmup and c > 1:
             warm = warmup_args(args, c, self.m.warmup_osl, min(isl, self.m.warmup_isl))
             r = self.bench.run(warm, f"side {self.side.name} {name} warm-up (unrecorded)",
@@ -240,7 +245,7 @@ class SideRun:
                     return dict(rec, status="timeout", reason=f"warm-up: {r.get('error')}")
                 rec["warmup_error"] = str(r.get("error") or f"rc {r['rc']}")[:300]
         if self.m.first_request and c == 1:
-            probe_offset = serve_log.stat().st_size if serve_log.exists() else 0
+            probe_offset = log_size(serve_log)
             first = self.first_request(isl)
             if self.jit_monitored:
                 first["jit"] = jit_compiles(read_from(serve_log, probe_offset))
@@ -248,7 +253,7 @@ class SideRun:
             if "error" in first and server_state(self.server, 10) != "alive":
                 return self.crashed(rec, "in the first-request probe")
         self.lengths_seen.add(isl)
-        run_offset = serve_log.stat().st_size if serve_log.exists() else 0
+        run_offset = log_size(serve_log)
         if self.jit_monitored:
             rec["jit_in_warmup"] = jit_compiles(
                 read_from(serve_log, row_offset)[:run_offset - row_offset])
