@@ -113,10 +113,15 @@ def load_series_msa(path: str) -> None:
     package.series_msa = module
 
 
+def _tokens(n: int) -> str:
+    """1024 -> "1k", 1023 -> "1023" (a length just under a threshold keeps its count)."""
+    return f"{n // 1024}k" if n and n % 1024 == 0 else str(n)
+
+
 def row_label(row: tuple) -> str:
     kind, a, b = row
-    return f"decode b{a} at {b // 1024}k" if kind == "decode" else \
-        f"prefill {b // 1024}k after {a // 1024}k" if a else f"prefill {b // 1024}k"
+    return f"decode b{a} at {_tokens(b)}" if kind == "decode" else \
+        f"prefill {_tokens(b)} after {_tokens(a)}" if a else f"prefill {_tokens(b)}"
 
 
 def parse_rows(decode_batches: str, prefills: str) -> list[tuple]:

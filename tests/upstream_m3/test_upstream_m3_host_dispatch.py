@@ -31,3 +31,19 @@ def test_decode_step_issues_no_per_layer_map_kernels(tmp_path):
         assert series["launches"] <= 12, series["kernels"]
         # the harness drove upstream's path too (its kernels, stubbed, were reached)
         assert upstream["launches"] > 0, upstream
+
+
+def test_prefill_rows_name_lengths_under_a_threshold_exactly(tmp_path):
+    """A 1023-token prefill (the token-tile layout, one under BLOCK_MAJOR_MIN_TOKENS) is
+    labelled by its count, not rounded down to "0k"; the 1024-token one (block-major)
+    launches more kernels (the grouping and the merge)."""
+    out = tmp_path / "host.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_ab.host_dispatch", "--steps", "1",
+         "--batches", "", "--prefills", "0+1023,0+1024", "--out", str(out)],
+        cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True,
+        text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    rows = {(r["path"], r["row"]): r for r in json.loads(out.read_text())["rows"]}
+    assert {row for _, row in rows} == {"prefill 1023", "prefill 1k"}
+    assert rows[("series", "prefill 1023")]["launches"] < rows[("series", "prefill 1k")]["launches"]
