@@ -13,7 +13,7 @@
 # RUN_BENCH=0 skips the benchmark.
 # PROFILE=graphs,eager adds a decode-step profile per side (benchmarks/engine_ab/step_profile.py:
 # per kernel, kernel family and, eager, decoder layer, with the host's share), PROFILE_BATCH=1
-# its batch; PROFILE=prefill[,prefill-eager] profiles one prefill of PREFILL_CTX (32768) tokens
+# its batch and DECODE_CTX=8192 its context; PROFILE=prefill[,prefill-eager] profiles one prefill of PREFILL_CTX (32768) tokens
 # the same way (a comma list, e.g. 1023,1024, profiles each length in one engine start, each
 # after PREFILL_REPEATS (10) unprofiled prefills whose median wall time the report compares);
 # NO_ROWS=1 profiles only. The tests run without -x: each of them places a
@@ -32,4 +32,4 @@ fi
 [ "${RUN_BENCH:-1}" = 1 ] || exit 0
 python3 -m benchmarks.engine_ab --out "$OUT/engine_ab" --layers "${LAYERS:-4}" \
   --sides "${SIDES:-A,B}" --timeout "${SIDE_TIMEOUT:-250}" \
-  ${PROFILE:+--profile "$PROFILE" --profile-batch "${PROFILE_BATCH:-1}" --prefill-ctx "${PREFILL_CTX:-32768}" --prefill-repeats "${PREFILL_REPEATS:-10}"} ${NO_ROWS:+--no-rows}
+  ${PROFILE:+--profile "$PROFILE" --profile-batch "${PROFILE_BATCH:-1}" --decode-ctx "${DECODE_CTX:-8192}" --prefill-ctx "${PREFILL_CTX:-32768}" --prefill-repeats "${PREFILL_REPEATS:-10}"} ${NO_ROWS:+--no-rows}

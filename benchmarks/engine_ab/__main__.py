@@ -39,6 +39,8 @@ def main(argv=None) -> int:
                         "graphs|eager (decode steps) and prefill|prefill-eager (one prefill "
                         "of --prefill-ctx tokens), e.g. graphs,prefill")
     p.add_argument("--profile-batch", type=int, default=1)
+    p.add_argument("--decode-ctx", type=int, default=8192,
+                   help="context length of the decode-step profiles (graphs|eager)")
     p.add_argument("--prefill-ctx", default="32768",
                    help="prompt length of the prefill profiles; a comma list (e.g. 1023,1024) "
                         "profiles each length in the same engine start")
@@ -71,10 +73,11 @@ def main(argv=None) -> int:
             prefill = mode.startswith("prefill")
             shape = (["--prefill", "--ctx", ",".join(map(str, prefill_ctxs)),
                       "--repeats", str(args.prefill_repeats)] if prefill
-                     else ["--batch", str(args.profile_batch)])
+                     else ["--batch", str(args.profile_batch), "--ctx", str(args.decode_ctx)])
             several = prefill and len(prefill_ctxs) > 1
             tag = ("" if several else f"-ctx{prefill_ctxs[0]}") if prefill \
-                else f"-b{args.profile_batch}"
+                else f"-b{args.profile_batch}" + \
+                ("" if args.decode_ctx == 8192 else f"-ctx{args.decode_ctx}")
             prof = os.path.join(args.out, f"profile-{side}-{mode}{tag}.json")
             prc = _run([sys.executable, "-m", "benchmarks.engine_ab.step_profile", "--model",
                         model, "--out", prof, *shape, *smoke,

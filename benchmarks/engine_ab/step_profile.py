@@ -19,8 +19,9 @@ Method (the decode step alone, without the prefill that precedes it):
 ``--prefill`` profiles one prefill instead: a fresh ``--ctx``-token prompt (default
 32768, chunks of 8192) generating one token, after a warm prefill of the same length;
 the step is the whole prefill (every chunk), its wall time the engine's TTFT without a
-server, and (eager) each layer's time summed over the chunks. Before the profiled
-prefill, ``--repeats`` unprofiled ones on fresh prompts give the median wall time
+server, and (eager) each layer's time summed over the chunks. The first prefill at each
+length is timed on its own (``first_wall_ms``: what a new length costs in the engine,
+compilation included); then ``--repeats`` unprofiled ones on fresh prompts give the median wall time
 without the profiler's overhead (``wall_median_ms``; at 1k tokens the profiler's share
 of a 30 ms prefill is not small). ``--ctx`` takes a comma list for prefills (e.g.
 ``1023,1024``: each side of a layout threshold), all in one engine start; each length
@@ -194,9 +195,9 @@ def main() -> None:
         return wall, (_kernel_times(prof, cuda) if profiled else {})
 
     for ctx in ctxs:
-        walls = []
+        walls, first_ms = [], None
         if args.prefill:  # the whole prefill of one fresh prompt (its token comes with it)
-            run(1, ctx, profiled=False)             # warm: compilation at this length
+            first_ms = run(1, ctx, profiled=False)[0] * 1e3   # the first at this length
             walls = [run(1, ctx, profiled=False)[0] * 1e3 for _ in range(args.repeats)]
             if args.eager:
                 llm.apply_model(_clear_layer_log)
@@ -214,6 +215,8 @@ def main() -> None:
             step_ms = (long_wall - short_wall) / args.steps * 1e3
         result = summarize(per_step, step_ms, cuda, args, ctx,
                            torch.cuda.get_device_name() if cuda else "cpu", walls)
+        if first_ms is not None:  # the engine's own first-vs-repeat, without a server
+            result["first_wall_ms"] = round(first_ms, 4)
         if args.eager:
             per_layer = llm.apply_model(
                 lambda m: _layer_ms(m, 0 if args.prefill else args.batch))[0]

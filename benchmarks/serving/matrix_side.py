@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from .bench_serve import bench_args, display_cmd, read_result, run_cli, warmup_args
-from .first_request import first_and_repeats
+from .first_request import SERVER_WARM_ISL, first_and_repeats
 from .matrix_spec import JIT_VERBOSE, Matrix, Side, row_name
 from .server import Plan, Server, ServerCfg, Stop
 
@@ -283,9 +283,10 @@ class SideRun:
         """The first request at ``isl`` against its repeats (first_request.py); ``fresh``:
         the server had not served this length before. Errors are recorded, not raised."""
         fresh = isl not in self.lengths_seen
-        try:
+        try:  # the server's very first request is timed apart (SERVER_WARM_ISL tokens)
             r = first_and_repeats(self.server, isl, self.plan.vocab, self.m.first_repeats,
-                                  timeout=self.timeout(), seed=isl)
+                                  timeout=self.timeout(), seed=isl,
+                                  server_warm_isl=None if self.lengths_seen else SERVER_WARM_ISL)
         except Exception as e:  # the recorded run that follows says whether the server lives
             r = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
         return dict(r, fresh=fresh)

@@ -34,6 +34,7 @@ def test_prefill_profile_measures_each_length_in_one_engine_start(tmp_path):
         assert prof == profiles[f"prefill@{ctx}"]
         assert prof["phase"] == "prefill" and prof["ctx"] == ctx
         assert len(prof["wall_ms_samples"]) == 2 and prof["wall_median_ms"] > 0
+        assert prof["first_wall_ms"] > 0       # the first prefill at that length, apart
         assert prof["step_ms"] > 0 and prof["kernels_us_per_step"]
     report = (out / "engine_ab.md").read_text()
     assert f"| prefill@127 | {profiles['prefill@127']['wall_median_ms']} |" in report

@@ -122,7 +122,8 @@ def test_report_compares_unprofiled_prefill_walls_per_length(tmp_path):
         return {"phase": "prefill", "batch": 1, "ctx": ctx, "steps": 1, "device": "H100",
                 "step_ms": wall * 1.2, "kernel_ms_per_step": wall, "host_ms_per_step": 0.2 * wall,
                 "families_us_per_step": {}, "kernels_us_per_step": {},
-                "wall_median_ms": wall, "wall_ms_samples": [wall] * 10}
+                "wall_median_ms": wall, "wall_ms_samples": [wall] * 10,
+                "first_wall_ms": 3 * wall}
     meta = {"date": "2026-12-07", "layers": 4, "smoke": False, "sides": {
         "A": {"msa": "upstream", "rc": "not run", "rows": {},
               "profiles": {"prefill@1023": prof(1023, 30.0), "prefill@1024": prof(1024, 30.0)}},
@@ -131,6 +132,6 @@ def test_report_compares_unprofiled_prefill_walls_per_length(tmp_path):
     out = tmp_path / "r.md"
     write_report(meta, str(out))
     text = out.read_text()
-    assert "| prefill@1023 | 30.0 | 25.0 | 1.20x |" in text
-    assert "| prefill@1024 | 30.0 | - | n/a |" in text
+    assert "| prefill@1023 | 30.0 | 25.0 | 1.20x | 3.00 | 3.00 |" in text
+    assert "| prefill@1024 | 30.0 | - | n/a | 3.00 | - |" in text
     assert "median 25.0 ms over 10 fresh prompts" in text

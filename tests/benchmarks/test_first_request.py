@@ -9,7 +9,7 @@ import json
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,20 +19,28 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.serving.first_request import LIMIT, first_and_repeats, summarize  # noqa: E402
 from benchmarks.serving.matrix_report import merge, render  # noqa: E402
+from benchmarks.serving.probe_client_cost import InstantCompletions  # noqa: E402
+from benchmarks.serving.probe_client_cost import main as client_cost_main  # noqa: E402
 
-pytest.importorskip("openai", reason="the probe's client is vLLM's dependency openai")
+pytest.importorskip("httpx", reason="the probe's client is httpx (a dependency of vLLM's openai)")
 
 
-class FakeCompletions(BaseHTTPRequestHandler):
-    """POST /v1/completions, streamed: sleeps ``base_s`` (plus ``first_extra_s`` on the
-    first request it serves), then sends one text chunk, a usage chunk and [DONE]."""
-    base_s, first_extra_s = 0.15, 0.0
+class FakeCompletions(InstantCompletions):
+    """GET /v1/models as InstantCompletions (the probe's client warms its connection
+    there); POST /v1/completions, streamed: sleeps ``base_s`` (plus ``first_extra_s`` on
+    the first request it serves), then sends one text chunk, a usage chunk and [DONE]."""
+    base_s, first_extra_s, status = 0.15, 0.0, 200
     requests: list = []
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append(body)
         time.sleep(self.base_s + (self.first_extra_s if len(self.requests) == 1 else 0.0))
+        if self.status != 200:
+            self.send_response(self.status)
+            self.end_headers()
+            self.wfile.write(b'{"error": "prompt too long"}')
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -45,15 +53,12 @@ class FakeCompletions(BaseHTTPRequestHandler):
             self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
 
-    def log_message(self, *args):
-        pass
-
 
 @pytest.fixture
 def fake_server():
-    def start(first_extra_s: float):
+    def start(first_extra_s: float, status: int = 200):
         handler = type("Handler", (FakeCompletions,), {"first_extra_s": first_extra_s,
-                                                       "requests": []})
+                                                       "requests": [], "status": status})
         httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         servers.append(httpd)
@@ -83,12 +88,31 @@ def test_a_first_request_as_fast_as_its_repeats_passes(fake_server):
     assert r["first_over_repeat"] < LIMIT and r["within_limit"] is True
 
 
+def test_the_servers_first_request_is_timed_apart_from_the_first_at_a_length(fake_server):
+    """A server whose very first request is slow (front-end warm-up, not a prompt length):
+    with ``server_warm_isl`` that cost lands in ``server_first_ttft_ms`` and the first
+    request at the probed length is compared with its repeats on its own."""
+    httpd, handler = fake_server(first_extra_s=0.6)
+    r = first_and_repeats(httpd, isl=300, vocab=1000, repeats=2, timeout=30, server_warm_isl=16)
+    assert [len(b["prompt"]) for b in handler.requests] == [16, 300, 300, 300]
+    assert r["server_first_ttft_ms"] >= 700 and r["server_warm_isl"] == 16
+    assert r["within_limit"] is True and r["first_over_repeat"] < LIMIT
+
+
+def test_an_http_error_names_the_status_and_the_server_s_answer(fake_server):
+    httpd, _ = fake_server(first_extra_s=0.0, status=400)
+    with pytest.raises(RuntimeError, match="HTTP 400 .*prompt too long"):
+        first_and_repeats(httpd, isl=8, vocab=1000, repeats=1, timeout=30)
+
+
 def test_summary_needs_a_repeat_and_bad_sizes_are_refused():
     assert summarize([130.0, 100.0, 90.0, 110.0])["first_over_repeat"] == 1.3
     with pytest.raises(ValueError, match="at least one repeat"):
         summarize([100.0])
     with pytest.raises(ValueError, match="must be positive"):
         first_and_repeats(object(), isl=0, vocab=1000)
+    with pytest.raises(ValueError, match="must be positive"):
+        first_and_repeats(object(), isl=8, vocab=1000, server_warm_isl=0)
 
 
 def test_the_side_runner_records_errors_and_whether_the_length_was_new(tmp_path, fake_server):
@@ -102,8 +126,10 @@ def test_the_side_runner_records_errors_and_whether_the_length_was_new(tmp_path,
     run.server, _ = fake_server(first_extra_s=0.0)
     first = run.first_request(256)
     assert first["fresh"] is True and first["within_limit"] in (True, False)
+    assert first["server_warm_isl"] == 16     # the server had served nothing yet
     run.lengths_seen.add(256)
-    assert run.first_request(256)["fresh"] is False
+    again = run.first_request(256)
+    assert again["fresh"] is False and "server_first_ttft_ms" not in again
     run.server = type("Gone", (), {"url": "http://127.0.0.1:9"})()  # nothing listens
     gone = run.first_request(512)
     assert gone["fresh"] is True and "error" in gone and "first_ttft_ms" not in gone
@@ -115,7 +141,8 @@ def test_the_report_lists_the_probe_and_flags_a_slow_first_request(tmp_path):
     slow = dict(row, first_request=dict(summarize([120.0, 40.0, 41.0, 39.0]), fresh=True,
                                         jit=["_topk_index_kernel"]))
     fine = dict(row, isl=32768, first_request=dict(summarize([380.0, 377.0, 379.0]),
-                                                   fresh=True, jit=[]))
+                                                   fresh=True, jit=[], client="httpx",
+                                                   server_first_ttft_ms=95.5, server_warm_isl=16))
     broken = dict(row, isl=8192, first_request={"error": "APIConnectionError: refused",
                                                 "fresh": True})
     state = {"side": "A", "what": "side A", "env": {}, "meta": {"date": "2026-12-07"},
@@ -128,6 +155,8 @@ def test_the_report_lists_the_probe_and_flags_a_slow_first_request(tmp_path):
         in section
     assert "| A | 32768 | yes | 380.0 | 377.0, 379.0 | 1.00 | yes | none |" in section
     assert "| A | 8192 | yes | failed: APIConnectionError: refused |" in section
+    assert "A: 95.5 ms TTFT for 16 tokens" in section
+    assert "Probes without a `client` field" in section  # rows a and c: the old client
     del state["rows"]["a"]["first_request"]["jit"]  # side C: vLLM 0.23.0 has no JIT monitor
     (tmp_path / "c.json").write_text(json.dumps(state))
     assert "| 3.00 | **no** | not monitored |" in render(merge([str(tmp_path / "c.json")]))
@@ -136,3 +165,11 @@ def test_the_report_lists_the_probe_and_flags_a_slow_first_request(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(state))
     assert "First request at a new prompt length" not in render(merge([str(tmp_path / "b.json")]))
 
+
+
+def test_the_client_cost_benchmark_prints_both_clients(capsys):
+    pytest.importorskip("openai", reason="the old probe's client is vLLM's dependency openai")
+    client_cost_main(["--isl", "64", "--repeats", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 64 |")]
+    assert len(rows) == 2 and "OpenAI client" in rows[0] and "raw" in rows[1]
+    assert all(float(cell) > 0 for row in rows for cell in row.strip("|").split("|")[2:])
