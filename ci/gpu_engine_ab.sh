@@ -16,7 +16,8 @@
 # its batch and DECODE_CTX=8192 its context; PROFILE=prefill[,prefill-eager] profiles one prefill of PREFILL_CTX (32768) tokens
 # the same way (a comma list, e.g. 1023,1024, profiles each length in one engine start, each
 # after PREFILL_REPEATS (10) unprofiled prefills whose median wall time the report compares);
-# NO_ROWS=1 profiles only. The tests run without -x: each of them places a
+# NO_ROWS=1 profiles only; SERVING_LIMITS=1 profiles with the serving matrix's engine limits
+# (max_model_len 132096, 32768 batched tokens). The tests run without -x: each of them places a
 # difference between A and B (selection or arithmetic), so all of them report.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/engine_ab"
@@ -32,4 +33,4 @@ fi
 [ "${RUN_BENCH:-1}" = 1 ] || exit 0
 python3 -m benchmarks.engine_ab --out "$OUT/engine_ab" --layers "${LAYERS:-4}" \
   --sides "${SIDES:-A,B}" --timeout "${SIDE_TIMEOUT:-250}" \
-  ${PROFILE:+--profile "$PROFILE" --profile-batch "${PROFILE_BATCH:-1}" --decode-ctx "${DECODE_CTX:-8192}" --prefill-ctx "${PREFILL_CTX:-32768}" --prefill-repeats "${PREFILL_REPEATS:-10}"} ${NO_ROWS:+--no-rows}
+  ${PROFILE:+--profile "$PROFILE" --profile-batch "${PROFILE_BATCH:-1}" --decode-ctx "${DECODE_CTX:-8192}" --prefill-ctx "${PREFILL_CTX:-32768}" --prefill-repeats "${PREFILL_REPEATS:-10}"} ${NO_ROWS:+--no-rows} ${SERVING_LIMITS:+--serving-limits}

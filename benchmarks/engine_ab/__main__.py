@@ -47,6 +47,8 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-repeats", type=int, default=10,
                    help="unprofiled prefills timed per length before the profiled one")
     p.add_argument("--no-rows", action="store_true", help="profile only")
+    p.add_argument("--serving-limits", action="store_true",
+                   help="profiles with the serving matrix's max_model_len and batched tokens")
     args = p.parse_args(argv)
     prefill_ctxs = parse_ctx_list(args.prefill_ctx, 32768)
     os.makedirs(args.out, exist_ok=True)
@@ -81,7 +83,8 @@ def main(argv=None) -> int:
             prof = os.path.join(args.out, f"profile-{side}-{mode}{tag}.json")
             prc = _run([sys.executable, "-m", "benchmarks.engine_ab.step_profile", "--model",
                         model, "--out", prof, *shape, *smoke,
-                        *(["--eager"] if mode.endswith("eager") else [])], env,
+                        *(["--eager"] if mode.endswith("eager") else []),
+                        *(["--serving-limits"] if args.serving_limits else [])], env,
                        prof.replace(".json", ".log"), args.timeout)
             for ctx in (prefill_ctxs if several else [None]):
                 path = ctx_out_path(prof, ctx, True) if ctx else prof

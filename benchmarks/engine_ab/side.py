@@ -27,6 +27,17 @@ def engine_kwargs(smoke: bool) -> dict:
                 compilation_config={"cudagraph_mode": "FULL_AND_PIECEWISE"})
 
 
+def serving_limits() -> dict:
+    """The serving matrix's engine limits (``vllm serve --max-model-len 132096
+    --max-num-batched-tokens 32768``), for profiles that must see the engine the serving
+    rows saw: buffers, chunking and the warm-up's launch plans follow these limits."""
+    from benchmarks.serving.matrix_spec import GPU_DEFAULTS
+    from benchmarks.serving.server import Plan
+
+    return dict(max_model_len=GPU_DEFAULTS["max_model_len"],
+                max_num_batched_tokens=Plan.batched_tokens)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)

@@ -37,7 +37,7 @@ import re
 import statistics
 import time
 
-from .side import _prompts, engine_kwargs
+from .side import _prompts, engine_kwargs, serving_limits
 
 # Kernel families, first match wins (names of the series' and of upstream's kernels).
 FAMILIES = (
@@ -154,9 +154,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10,
                    help="--prefill: unprofiled prefills timed before the profiled one")
     p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--serving-limits", action="store_true",
+                   help="the serving matrix's max_model_len and batched tokens (132096, 32768) "
+                        "instead of the A/B rows' (40960, 8192)")
     p.add_argument("--prefill", action="store_true",
                    help="profile one prefill of --ctx tokens (batch 1) instead of decode steps")
     args = p.parse_args()
+    if args.smoke and args.serving_limits:
+        p.error("--serving-limits sizes the engine for the GPU's 128k serving rows; leave it "
+                "off with --smoke")
     default_ctx = 512 if args.smoke else 32768 if args.prefill else 8192
     ctxs = parse_ctx_list(args.ctx, default_ctx)
     if len(ctxs) > 1 and not args.prefill:
@@ -170,6 +176,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     kw = engine_kwargs(args.smoke)
+    if args.serving_limits:
+        kw.update(serving_limits())
     if args.eager:
         kw.pop("compilation_config", None)
         kw["enforce_eager"] = True
@@ -260,7 +268,7 @@ def summarize(per_step: dict, step_ms: float, cuda: bool, args, ctx: int, device
         "side_msa": os.environ.get("VLLM_MINIMAX_M3_MSA", "series"),
         "phase": "prefill" if args.prefill else "decode",
         "batch": args.batch, "ctx": ctx, "steps": 1 if args.prefill else args.steps,
-        "eager": args.eager,
+        "eager": args.eager, "serving_limits": args.serving_limits,
         "device": device,
         "step_ms": round(step_ms, 4),
         "kernel_ms_per_step": round(kernel_ms, 4) if kernel_ms is not None else None,
