@@ -43,6 +43,11 @@ def test_smoke_matrix_serves_every_row_and_times_first_requests(tmp_path):
         assert p["fresh"] is True and p["isl"] == isl and len(p["repeat_ttft_ms"]) == 3
         assert p["first_ttft_ms"] > 0 and min(p["repeat_ttft_ms"]) > 0
         assert ("jit" in p) == monitored
+    # the server's very first request is timed apart, before the first probe only
+    first_isl = min(probes)
+    assert (probes[first_isl]["server_warm_isl"] == 16
+            and probes[first_isl]["server_first_ttft_ms"] > 0)
+    assert all("server_first_ttft_ms" not in p for isl, p in probes.items() if isl != first_isl)
     report = (out / "matrix.md").read_text()
     assert "## First request at a new prompt length" in report
     for isl in probes:
