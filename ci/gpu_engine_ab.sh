@@ -6,7 +6,9 @@
 # a wheels/ folder of what v0.26.0 needs beyond the bundle (flashinfer-python 0.6.14,
 # nvidia-cutlass-dsl 4.6.0 + libs, quack-kernels, cuda-tile, cudnn-frontend,
 # torch-c-dlpack-ext, nvtx, humming-kernels, ninja: ci/gpu_v026_wheels.sh DIR).
-# Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,side-*.log} and $OUT/engine_ab/env.md;
+# Writes $OUT/engine_ab/{engine_ab.json,engine_ab.md,logs.tgz} and $OUT/engine_ab/env.md
+# (logs.tgz: side-*.log and the profiles' own JSON and logs; engine_ab.json holds every row
+# and profile; PACK=0 leaves them unpacked);
 # RUN_TESTS=1 first runs tests/upstream_m3/test_upstream_m3_gpu.py (A vs B tokens and
 # logprobs) and test_upstream_m3_slot_mapping_warmup.py (entry 13) into
 # $OUT/engine_ab/tests.log (TESTS_K=... passes -k: 'not fp8' skips the two FP8-KV engines);
@@ -34,3 +36,9 @@ fi
 python3 -m benchmarks.engine_ab --out "$OUT/engine_ab" --layers "${LAYERS:-4}" \
   --sides "${SIDES:-A,B}" --timeout "${SIDE_TIMEOUT:-250}" \
   ${PROFILE:+--profile "$PROFILE" --profile-batch "${PROFILE_BATCH:-1}" --decode-ctx "${DECODE_CTX:-8192}" --prefill-ctx "${PREFILL_CTX:-32768}" --prefill-repeats "${PREFILL_REPEATS:-10}"} ${NO_ROWS:+--no-rows} ${SERVING_LIMITS:+--serving-limits}
+rc=$?
+rm -rf "$OUT/engine_ab/model"   # the config-only model directory: rebuilt by every run
+if [ "${PACK:-1}" = 1 ]; then     # a device call returns few files: logs and per-length JSONs in one
+  ( cd "$OUT/engine_ab" && tar -czf logs.tgz --remove-files side-*.log profile-* 2>/dev/null )
+fi
+exit $rc
