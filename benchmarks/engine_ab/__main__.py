@@ -77,9 +77,11 @@ def main(argv=None) -> int:
                       "--repeats", str(args.prefill_repeats)] if prefill
                      else ["--batch", str(args.profile_batch), "--ctx", str(args.decode_ctx)])
             several = prefill and len(prefill_ctxs) > 1
-            tag = ("" if several else f"-ctx{prefill_ctxs[0]}") if prefill \
-                else f"-b{args.profile_batch}" + \
-                ("" if args.decode_ctx == 8192 else f"-ctx{args.decode_ctx}")
+            if prefill:  # several lengths: step_profile adds -ctx<N> per file
+                tag = "" if several else f"-ctx{prefill_ctxs[0]}"
+            else:
+                tag = f"-b{args.profile_batch}" + (
+                    "" if args.decode_ctx == 8192 else f"-ctx{args.decode_ctx}")
             prof = os.path.join(args.out, f"profile-{side}-{mode}{tag}.json")
             prc = _run([sys.executable, "-m", "benchmarks.engine_ab.step_profile", "--model",
                         model, "--out", prof, *shape, *smoke,

@@ -46,11 +46,14 @@ def prefill_wall_lines(sides: dict) -> list[str]:
         return []
     others = [s for s in sides if s != "A"] if "A" in sides else []
 
+    def profile(side, key) -> dict:
+        return (sides[side].get("profiles") or {}).get(key, {})
+
     def wall(side, key):
-        return (sides[side].get("profiles") or {}).get(key, {}).get("wall_median_ms")
+        return profile(side, key).get("wall_median_ms")
 
     def first(side, key):
-        prof = (sides[side].get("profiles") or {}).get(key, {})
+        prof = profile(side, key)
         return (f"{prof['first_wall_ms'] / prof['wall_median_ms']:.2f}"
                 if prof.get("first_wall_ms") and prof.get("wall_median_ms") else "-")
 

@@ -132,10 +132,12 @@ def first_request_section(sides: dict) -> list[str]:
         if "error" in f:
             lines.append(head + f"failed: {f['error'].replace('|', '/')[:200]} | - | - | - | - |")
             continue
-        lines.append(head + f"{f['first_ttft_ms']:.1f} | {', '.join(f'{t:.1f}' for t in f['repeat_ttft_ms'])} | "
+        repeats = ", ".join(f"{t:.1f}" for t in f["repeat_ttft_ms"])
+        lines.append(head + f"{f['first_ttft_ms']:.1f} | {repeats} | "
                      f"{f['first_over_repeat']:.2f} | {'yes' if f['within_limit'] else '**no**'} | "
                      + (f"{_counted(f['jit'])} |" if "jit" in f else "not monitored |"))
-    warm = [(n, r["first_request"]) for n, r in rows if "server_first_ttft_ms" in r["first_request"]]
+    warm = [(n, r["first_request"]) for n, r in rows
+            if "server_first_ttft_ms" in r["first_request"]]
     if warm:
         lines += ["", "The server's first request, before the first probe (its costs belong to no "
                   "prompt length: the front end's first request): "
