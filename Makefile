@@ -21,7 +21,7 @@ TEST_REQS := requirements/test-cpu$(SUFFIX).txt
 # upstream's MiniMax-M3 (v0.26.0); the rest are the default flavor's, a few files run by both.
 TESTS_v0.26.0 := tests/upstream_m3 tests/parsers tests/series/test_entry_check.py \
                  tests/benchmarks/test_serve_matrix_smoke.py tests/benchmarks/test_engine_ab_prefill_smoke.py \
-                 tests/models/test_minimax_m3_additional_config.py
+                 tests/models/test_minimax_m3_additional_config.py tests/models/test_minimax_m3_compile_warmup.py
 TESTS    := $(or $(TESTS_$(FLAVOR)),tests vllm_overlay/tests --ignore=tests/upstream_m3)
 TARGET   ?= cuda
 DIST     ?= dist

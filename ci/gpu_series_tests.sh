@@ -40,6 +40,7 @@ mxfp8ckpt             | -                                       | tests/models/t
 production_heads      | -                                       | tests/models/test_minimax_m3_production_heads.py | one TP4 rank head shapes: bf16 and fp8 KV through the sm_90 kernels
 production_heads_bf16 | -                                       | tests/models/test_minimax_m3_production_heads.py -k bf16_block_major | its bf16 test only
 models_graphs         | M3_TEST_GRAPHS=1                        | tests/models/test_minimax_m3.py -k "chunked_prefill or preemption or fused_shared or bf16_teacher" | parity with graphs (FULL_AND_PIECEWISE)
+warmup                | -                                       | tests/models/test_minimax_m3_sparse_impl_warmup.py | start-up warm-up: requests compile no Triton kernel
 fused_graphs          | M3_TEST_GRAPHS=1                        | tests/models/test_minimax_m3.py -k "fused_shared or bf16_teacher" | fused shared expert and bf16 parity, graphs
 '
 declare -A SUITES=() SUITE_ENV=()

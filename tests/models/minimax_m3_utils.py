@@ -124,8 +124,17 @@ _RUNNER = textwrap.dedent(
             exec(spec["setup"], {})
         if spec.get("graphs"):  # torch.compile + FULL_AND_PIECEWISE CUDA graphs
             kw.setdefault("compilation_config", {"cudagraph_mode": "FULL_AND_PIECEWISE"})
+        compiled = []
+        if spec.get("count_compiles"):  # Triton kernels compiled, by name, in order
+            from triton import knobs
+            previous = knobs.runtime.jit_post_compile_hook
+            def _compiled(**hook_kw):
+                compiled.append(getattr(hook_kw.get("fn"), "name", str(hook_kw.get("fn"))))
+                return previous(**hook_kw) if previous is not None else None
+            knobs.runtime.jit_post_compile_hook = _compiled
         llm = LLM(model=spec["model"], skip_tokenizer_init=True,
                   enforce_eager=not spec.get("graphs"), **kw)
+        at_start = len(compiled)
         res = []
         for rnd in range(spec.get("rounds", 1)):
             sp = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0,
@@ -147,6 +156,9 @@ _RUNNER = textwrap.dedent(
                 r.append(item)
             res.append(r)
         out["rounds"] = res
+        if spec.get("count_compiles"):
+            out["compiles_at_start"] = at_start
+            out["compiles_in_requests"] = compiled[at_start:]
         if spec.get("preemption_probe"):
             out["preemptions"] = sum(
                 getattr(m, "value", 0) for m in llm.get_metrics()
