@@ -16,16 +16,12 @@ import torch
 from vllm.models.minimax_m3.common import sparse_impl_warmup as warmup
 from vllm.models.minimax_m3.common.backend import (MiniMaxM3SparseImpl,
                                                    MiniMaxM3SparseMetadataBuilder)
-from vllm.models.minimax_m3.common.compile_warmup import prefill_token_counts
+from vllm.models.minimax_m3.common.compile_warmup import (MIXED_OFFSETS,
+                                                         prefill_token_counts, warm_cases)
 from vllm.models.minimax_m3.common.triton_ops.attention import default_prefill_layout
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-def _int_class(n: int) -> str:
-    """How Triton keys an integer argument: 1, a multiple of 16, or other."""
-    return "one" if n == 1 else "d16" if n % 16 == 0 else "other"
 
 
 def _layout(tokens, ctx):
@@ -42,22 +38,14 @@ def test_compile_plan_covers_decode_prefill_and_mixed_batches():
     assert {p[1] for p in prefill} >= set(prefill_token_counts(8192))
     assert all(p[1] <= p[2] <= 132096 for p in prefill)
     mixed = [p for p in plan if p[0] and p[1]]
-    assert {p[0] for p in mixed} == set(warmup.MIXED_DECODE_TOKENS)
+    assert {p[0] for p in mixed} == set(MIXED_OFFSETS)
     assert all(p[0] + p[1] <= 8192 for p in mixed)            # one token budget
-    for d in warmup.MIXED_DECODE_TOKENS:   # every Triton class of part and batch size
-        sizes = {p[1] for p in mixed if p[0] == d}
-        keys = {(_int_class(t), _int_class(d + t), -(-t // 16)) for t in sizes}
-        want = {(_int_class(t), _int_class(d + t), -(-t // 16))
-                for t in range(1, 8192 - d + 1)}
-        assert keys == want, (d, sorted(want - keys)[:5])
-        layouts = {(t, tuple(sorted(_layout(t, c).items()))) for _, t, c, _ in
-                   (p for p in mixed if p[0] == d)}
-        assert {(t, tuple(sorted(_layout(t, c).items()))) for t in (97, 993)
-                for c in range(t, 132096, 997)} <= layouts    # each layout, mixed too
+    assert {(t, c) for _, t, c, _ in mixed} == {
+        (t, c) for d, t, c in warm_cases(8192, 64, 132096) if not d and t < 8192}
     assert any(p[3] == 2 for p in prefill)
     short = warmup.compile_plan(8192, 3, 1024, _layout)        # short model length
     assert max(p[1] for p in short) == 1024 and all(p[2] <= 1024 for p in short)
-    assert {p[0] for p in short if p[1]} == {0, 1}             # max_num_seqs 3
+    assert {p[0] for p in short if p[1]} == {0, 1}             # max_num_seqs 3: 1 decode
 
 
 def _builder_metadata(q_lens, seq_lens, min_tokens):

@@ -30,49 +30,36 @@ from .kv_scale import KVScaleMode
 from .compile_warmup import (MIXED_OFFSETS, GrowingBlockTable, layout_contexts,
                              prefill_token_counts, warm_cases, warm_up_launches)
 
-# decode tokens ahead of a mixed batch's prefill part: Triton keys the prefill
-# part's first row (``tile_start``) as 1, a multiple of 16 or other
-MIXED_DECODE_TOKENS = (*MIXED_OFFSETS, 16)
-
-
 def msa_layer(model: torch.nn.Module) -> MiniMaxM3SparseAttention | None:
     """The model's first sparse attention layer, or None (not MiniMax-M3)."""
     return next((m for m in model.modules() if isinstance(m, MiniMaxM3SparseAttention)),
                 None)
 
 
-def mixed_prefill_counts(chunk: int, decode: int) -> list[int]:
-    """Prefill part sizes beside ``decode`` decode tokens: ``prefill_token_counts``
-    of what the budget leaves, plus the sizes that make the batch a multiple of 16
-    (Triton keys the batch's token count and the part's first row apart)."""
-    if chunk <= decode:
-        return []
-    counts = set(prefill_token_counts(chunk - decode))
-    counts.update(m - decode for m in range(16, chunk + 1, 16) if m - decode >= 1)
-    return sorted(counts)
-
-
 def compile_plan(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
                  layout) -> list[tuple[int, int, int, int]]:
     """(decode tokens, prefill tokens, context, prefill requests) of the compile
     pass: every decode batch up to ``max_num_seqs``; every ``prefill_token_counts``
-    part at one context per prefill layout ``layout(tokens, context)`` can give,
-    alone and after each of ``MIXED_DECODE_TOKENS`` decode tokens (a mixed batch
-    shares the token budget; its longest request may be a decode); the real
-    launches' prefill sizes as two requests."""
+    part at one context per prefill layout ``layout(tokens, context)`` can give;
+    the real launches' prefill sizes as two requests and after ``MIXED_OFFSETS``
+    decode tokens. A mixed batch's kernels take its decode and prefill tokens as
+    two slices: the decode slice is a decode batch, the prefill slice a prefill
+    part whose int32 rows start off a 16-byte boundary (1 and 3 decode tokens:
+    Triton's other pointer key; 4 or more are covered as far as the v0.26.0
+    flavor's serving matrix showed, where the same plan compiled nothing inside
+    requests)."""
     chunk = min(max_num_batched_tokens, max_model_len)
     decode_ctx = min(max_model_len, 8192)
     plan = [(b, 0, decode_ctx, 0) for b in range(1, max_num_seqs + 1)]
-    for d in (0, *MIXED_DECODE_TOKENS):
-        if d >= max_num_seqs:
-            continue
-        counts = prefill_token_counts(chunk) if d == 0 else mixed_prefill_counts(chunk, d)
-        for tokens in counts:
-            plan += [(d, tokens, ctx, 1)
-                     for ctx in layout_contexts(tokens, max_model_len, layout)]
+    for tokens in prefill_token_counts(chunk):
+        plan += [(0, tokens, ctx, 1) for ctx in layout_contexts(tokens, max_model_len, layout)]
     for decode, tokens, ctx in warm_cases(max_num_batched_tokens, max_num_seqs, max_model_len):
-        if not decode and tokens >= 2:
+        if decode:
+            continue
+        if tokens >= 2:
             plan.append((0, tokens, ctx, 2))
+        plan += [(d, tokens, ctx, 1) for d in MIXED_OFFSETS
+                 if d < max_num_seqs and d + tokens <= max_num_batched_tokens]
     return list(dict.fromkeys(plan))
 
 
