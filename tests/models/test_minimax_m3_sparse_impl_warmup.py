@@ -143,7 +143,7 @@ def test_nothing_to_warm_off_the_gpu_or_for_another_model():
 def test_kernel_warmup_runs_the_m3_warmups_for_m3_only(monkeypatch):
     """vLLM's kernel_warmup ends with minimax_m3_warmup: for a model with MSA layers
     the fused-MoE passes, the slot-mapping kernel, then the MSA kernels; nothing
-    for another model."""
+    for another model or with VLLM_MINIMAX_M3_COMPILE_WARMUP=0."""
     import vllm.model_executor.warmup.kernel_warmup as kw
     import vllm.models.minimax_m3.common.moe_warmup as moe
     import vllm.models.minimax_m3.common.slot_mapping_warmup as slots
@@ -162,6 +162,12 @@ def test_kernel_warmup_runs_the_m3_warmups_for_m3_only(monkeypatch):
     order.clear()
     kw.minimax_m3_warmup(SimpleNamespace(get_model=lambda: torch.nn.Linear(1, 1)))
     assert order == []
+    monkeypatch.setenv("VLLM_MINIMAX_M3_COMPILE_WARMUP", "0")   # the knob turns it off
+    kw.minimax_m3_warmup(worker)
+    assert order == []
+    monkeypatch.setenv("VLLM_MINIMAX_M3_COMPILE_WARMUP", "yes")
+    with pytest.raises(ValueError, match="VLLM_MINIMAX_M3_COMPILE_WARMUP must be 0 or 1"):
+        kw.minimax_m3_warmup(worker)
 
 
 def test_moe_warmup_runs_v023s_dummy_pass_signature():
