@@ -170,6 +170,29 @@ def test_kernel_warmup_runs_the_m3_warmups_for_m3_only(monkeypatch):
         kw.minimax_m3_warmup(worker)
 
 
+def test_a_failing_warmup_is_named_and_does_not_stop_the_engine(monkeypatch):
+    """An error inside the warm-ups (a launcher bug, an out-of-memory) becomes one
+    warning naming it and the knob; the engine starts and compiles on first use."""
+    import vllm.model_executor.warmup.kernel_warmup as kw
+    import vllm.models.minimax_m3.common.moe_warmup as moe
+    import vllm.models.minimax_m3.common.slot_mapping_warmup as slots
+
+    def fail(model, config):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    warnings = []
+    monkeypatch.setattr(moe, "moe_warmup", lambda w: None)
+    monkeypatch.setattr(slots, "slot_mapping_warmup", lambda r: None)
+    monkeypatch.setattr(warmup, "sparse_impl_warmup", fail)
+    monkeypatch.setattr(kw.logger, "warning", lambda msg, *a: warnings.append(msg % a))
+    sparse = warmup.MiniMaxM3SparseAttention.__new__(warmup.MiniMaxM3SparseAttention)
+    kw.minimax_m3_warmup(SimpleNamespace(get_model=lambda: SimpleNamespace(
+        modules=lambda: [sparse]), model_runner=None, vllm_config=None))
+    assert len(warnings) == 1
+    assert "OutOfMemoryError: CUDA out of memory" in warnings[0]
+    assert "VLLM_MINIMAX_M3_COMPILE_WARMUP=0" in warnings[0]
+
+
 def test_moe_warmup_runs_v023s_dummy_pass_signature():
     """The MoE warm-up passes num_tokens, skip_eplb and is_profile to the runner's
     _dummy_run: v0.23.0's runner takes them."""
