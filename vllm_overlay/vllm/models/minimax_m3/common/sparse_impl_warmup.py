@@ -75,7 +75,10 @@ def warm_metadata(num_decode: int, num_prefill: int, context: int, prefill_reqs:
     if prefill_reqs:
         share = num_prefill // prefill_reqs
         q_lens += [share] * (prefill_reqs - 1) + [num_prefill - share * (prefill_reqs - 1)]
-    seq_lens = [context] * num_decode + q_lens[num_decode:-1] + ([context] if prefill_reqs else [])
+    # decodes at the context, fresh prompts, then the longest request at the context
+    seq_lens = [context] * num_decode
+    if prefill_reqs:
+        seq_lens += q_lens[num_decode:-1] + [context]
     reqs, tokens = len(q_lens), sum(q_lens)
     q_len_t = torch.tensor(q_lens, dtype=torch.int32)
     seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int32)
@@ -107,19 +110,18 @@ class _Forward:
         self.layer, self.impl = layer, layer.impl
         self.kv, self.index_cache = layer.kv_cache, layer.index_cache.kv_cache
         self.dev = self.kv.device
-        impl, index_dim = layer.impl, layer.index_cache.index_dim
+        heads, kv_heads, size = self.impl.num_heads, self.impl.num_kv_heads, self.impl.head_size
+        index_dim = layer.index_cache.index_dim
 
-        def zeros(*shape):
+        def zeros(*shape):  # batch-wide inputs and output the batches slice
             return torch.zeros(rows, *shape, dtype=dtype, device=self.dev)
 
-        self.q, self.out = zeros(impl.num_heads, impl.head_size), zeros(impl.num_heads,
-                                                                        impl.head_size)
-        self.k, self.v = zeros(impl.num_kv_heads, impl.head_size), zeros(impl.num_kv_heads,
-                                                                         impl.head_size)
-        self.idx_q, self.idx_k = zeros(impl.num_kv_heads, index_dim), zeros(index_dim)
+        self.q, self.out = zeros(heads, size), zeros(heads, size)
+        self.k, self.v = zeros(kv_heads, size), zeros(kv_heads, size)
+        self.idx_q, self.idx_k = zeros(kv_heads, index_dim), zeros(index_dim)
         self.tables = GrowingBlockTable(max_model_len, self.kv.shape[2], self.kv.shape[0],
                                         self.dev)
-        self.kv_fp8 = impl.kv_scale_mode is not KVScaleMode.NONE
+        self.kv_fp8 = self.impl.kv_scale_mode is not KVScaleMode.NONE
 
     def layout(self, tokens: int, context: int) -> dict:
         """The prefill layout the Impl picks for a prefill-only batch (knobs included)."""
@@ -136,7 +138,11 @@ class _Forward:
                           self.idx_k[:t], self.kv, self.index_cache, md, self.out[:t])
 
     def run_case(self, decode: bool, tokens: int, context: int) -> None:
-        self.run(tokens, 0, context, 0) if decode else self.run(0, tokens, context, 1)
+        """A ``compile_warmup.warm_cases`` case: a decode batch or one prefill request."""
+        if decode:
+            self.run(tokens, 0, context, 0)
+        else:
+            self.run(0, tokens, context, 1)
 
 
 def sparse_impl_warmup(model: torch.nn.Module, vllm_config) -> bool:
