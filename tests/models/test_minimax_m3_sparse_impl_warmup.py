@@ -38,14 +38,17 @@ def test_compile_plan_covers_decode_prefill_and_mixed_batches():
     assert {p[1] for p in prefill} >= set(prefill_token_counts(8192))
     assert all(p[1] <= p[2] <= 132096 for p in prefill)
     mixed = [p for p in plan if p[0] and p[1]]
-    assert {p[0] for p in mixed} == set(MIXED_OFFSETS)
     assert all(p[0] + p[1] <= 8192 for p in mixed)            # one token budget
-    assert {(t, c) for _, t, c, _ in mixed} == {
+    # every decode count ahead of a one-token prefill (the decode slice's launches)
+    assert {p[0] for p in mixed if p[1:] == (1, 8192, 1)} == set(range(1, 64))
+    sized = [p for p in mixed if p[1:] != (1, 8192, 1)]        # the real launches' sizes
+    assert {p[0] for p in sized} == set(MIXED_OFFSETS)
+    assert {(t, c) for _, t, c, _ in sized} == {
         (t, c) for d, t, c in warm_cases(8192, 64, 132096) if not d and t < 8192}
     assert any(p[3] == 2 for p in prefill)
     short = warmup.compile_plan(8192, 3, 1024, _layout)        # short model length
     assert max(p[1] for p in short) == 1024 and all(p[2] <= 1024 for p in short)
-    assert {p[0] for p in short if p[1]} == {0, 1}             # max_num_seqs 3: 1 decode
+    assert {p[0] for p in short if p[1]} == {0, 1, 2}          # max_num_seqs 3: 1-2 decodes
 
 
 def _builder_metadata(q_lens, seq_lens, min_tokens):

@@ -1,6 +1,7 @@
 """The v0.26.0 flavor's start-up warm-up of vLLM's slot-mapping kernel
 (vllm/models/minimax_m3/common/slot_mapping_warmup.py): it runs the runner's own
-``compute_slot_mapping`` once, on the runner's buffers, on CUDA / ROCm only."""
+``compute_slot_mapping`` at 1, 16 and 2 tokens (one variant of each of Triton's integer
+keys, for vLLM 0.23.0's kernel), on the runner's buffers, on CUDA / ROCm only."""
 
 from types import SimpleNamespace
 
@@ -49,26 +50,32 @@ def test_runs_vllms_own_call_on_a_real_block_table(cuda_alike, monkeypatch):
     runner.positions.fill_(999)                   # stale: would index past the row
     assert slot_mapping_warmup(runner)
     for group in table.block_tables:
-        # position 0 of block 5 (64 slots a block); the Triton kernel also pads the rest,
-        # the CPU stand-in writes the batch's tokens only
-        assert group.slot_mapping.gpu[0].item() == 5 * 64
-        assert (group.slot_mapping.gpu[1:] == 123).all()
-    assert runner.query_start_loc.gpu[:2].tolist() == [0, 1]
-    assert (runner.query_start_loc.gpu[2:] == 7).all() and runner.positions[0] == 0
+        # positions 0..15 of block 5 (64 slots a block); the Triton kernel also pads the
+        # rest, the CPU stand-in writes the batch's tokens only
+        assert group.slot_mapping.gpu[:16].tolist() == [5 * 64 + i for i in range(16)]
+        assert (group.slot_mapping.gpu[16:] == 123).all()
+    assert runner.query_start_loc.gpu[:2].tolist() == [0, 2]   # the last call: 2 tokens
+    assert (runner.query_start_loc.gpu[2:] == 7).all()
+    assert runner.positions[:16].tolist() == list(range(16))
+    assert (runner.positions[16:] == 999).all()
 
 
 def test_uses_the_runners_buffers(cuda_alike):
-    """The launch takes views of the runner's own query_start_loc and positions (the
-    compiled variant keys on their alignment), one request of one token at position 0."""
+    """The launches take views of the runner's own query_start_loc and positions (the
+    compiled variant keys on their alignment): one request at positions 0.., of 1, 16
+    and 2 tokens."""
     from vllm.models.minimax_m3.common.slot_mapping_warmup import slot_mapping_warmup
 
     calls = []
-    runner = _runner(SimpleNamespace(compute_slot_mapping=lambda *a: calls.append(a)))
+
+    def call(num_reqs, qsl, pos):
+        calls.append((num_reqs, qsl.tolist(), pos.tolist(), qsl.data_ptr(), pos.data_ptr()))
+
+    runner = _runner(SimpleNamespace(compute_slot_mapping=call))
     assert slot_mapping_warmup(runner)
-    (num_reqs, qsl, pos), = calls
-    assert num_reqs == 1 and qsl.tolist() == [0, 1] and pos.tolist() == [0]
-    assert qsl.data_ptr() == runner.query_start_loc.gpu.data_ptr()
-    assert pos.data_ptr() == runner.positions.data_ptr()
+    assert [c[:3] for c in calls] == [(1, [0, n], list(range(n))) for n in (1, 16, 2)]
+    assert {c[3] for c in calls} == {runner.query_start_loc.gpu.data_ptr()}
+    assert {c[4] for c in calls} == {runner.positions.data_ptr()}
 
 
 def test_nothing_runs_on_the_cpu_platform_or_another_runner(cuda_alike, monkeypatch):

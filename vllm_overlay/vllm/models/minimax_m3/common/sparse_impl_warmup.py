@@ -42,15 +42,18 @@ def compile_plan(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: 
     pass: every decode batch up to ``max_num_seqs``; every ``prefill_token_counts``
     part at one context per prefill layout ``layout(tokens, context)`` can give;
     the real launches' prefill sizes as two requests and after ``MIXED_OFFSETS``
-    decode tokens. A mixed batch's kernels take its decode and prefill tokens as
-    two slices: the decode slice is a decode batch, the prefill slice a prefill
-    part whose int32 rows start off a 16-byte boundary (1 and 3 decode tokens:
-    Triton's other pointer key; 4 or more are covered as far as the v0.26.0
-    flavor's serving matrix showed, where the same plan compiled nothing inside
-    requests)."""
+    decode tokens; every decode count below ``max_num_seqs`` ahead of a one-token
+    prefill. A mixed batch's kernels take its decode and prefill tokens as two
+    slices: the decode slice runs the decode launches of a batch that is not
+    decode-only (no short decode; splits and warps by its token count), the
+    prefill slice a prefill part, whose placement in the batch (first token, token
+    maps off a 16-byte boundary) no variant depends on
+    (``triton_ops._triton.BATCH_PLACEMENT``)."""
     chunk = min(max_num_batched_tokens, max_model_len)
     decode_ctx = min(max_model_len, 8192)
     plan = [(b, 0, decode_ctx, 0) for b in range(1, max_num_seqs + 1)]
+    plan += [(b, 1, decode_ctx, 1) for b in range(1, max_num_seqs)
+             if b < max_num_batched_tokens]
     for tokens in prefill_token_counts(chunk):
         plan += [(0, tokens, ctx, 1) for ctx in layout_contexts(tokens, max_model_len, layout)]
     for decode, tokens, ctx in warm_cases(max_num_batched_tokens, max_num_seqs, max_model_len):

@@ -30,3 +30,15 @@ except Exception:  # pragma: no cover - depends on the install
     HAS_GDC = False
 
 __all__ = ["triton", "tl", "tl_cuda", "HAS_TRITON", "HAS_GDC"]
+
+# Launch arguments that place a launch's tokens in the batch: its first and end
+# token (``tok_base`` / ``tok_end``), its token or pair count (``T`` / ``P``) and
+# the token -> request / position maps it reads from (``req_ptr`` / ``pos_ptr``,
+# int32, sliced at the part's first token). A batch's mix of decode, prefill and
+# dense-prefix parts gives them any value, and Triton keys a compiled variant on
+# each (an integer of 1 or a multiple of 16, a 16-byte-aligned pointer): on the
+# H100 (2026-12-08) a tiny model's mixed batches still compiled variants inside
+# requests that the start-up warm-up's plan had not made. Unspecialised, one
+# variant serves every placement; they are bounds and row loads, not tile shapes.
+BATCH_PLACEMENT = dict(do_not_specialize=("tok_base", "tok_end", "T", "P"),
+                       do_not_specialize_on_alignment=("req_ptr", "pos_ptr"))

@@ -35,7 +35,7 @@ Layouts (int32):
             group (the first ``sum(counts)`` entries are written)
 """
 
-from ._triton import tl, triton
+from ._triton import BATCH_PLACEMENT, tl, triton
 
 
 @triton.jit
@@ -48,7 +48,7 @@ def _min_combine(a, b):
     return tl.minimum(a, b)
 
 
-@triton.jit
+@triton.jit(**BATCH_PLACEMENT)
 def block_major_rank_kernel(
     topk_ptr, req_ptr, pos_ptr, pair_key_ptr, pair_rank_ptr, counts_ptr,
     P, stride_tt, stride_th,
@@ -96,7 +96,7 @@ def block_major_rank_kernel(
         tl.store(pair_rank_ptr + offs, rank, mask=live & valid)
 
 
-@triton.jit
+@triton.jit(**BATCH_PLACEMENT)
 def block_major_scatter_kernel(
     pair_key_ptr, pair_rank_ptr, group_start_ptr, pair_tok_ptr, pair_slot_ptr,
     P, NG, HKV: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,

@@ -45,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from ._triton import BATCH_PLACEMENT
 from ._utils import is_sm90
 from .sparse_attn_block_major_sm90 import row_tile_layout
 
@@ -60,7 +61,7 @@ SCORE_BUFFER_BYTES = 256 << 20
 MAX_SCORED_BLOCKS = 2048
 
 
-@gluon.jit
+@gluon.jit(**BATCH_PLACEMENT)
 def index_block_max_prefill_sm90_kernel(
     q_ptr, k_ptr, bt_ptr, req_ptr, pos_ptr, scores_ptr,
     tok_base, tok_end,

@@ -39,7 +39,7 @@ Layouts (element strides, last dim contiguous):
 """
 
 from ._paged import fp16_dot_operand, paged_rows
-from ._triton import tl, triton
+from ._triton import BATCH_PLACEMENT, tl, triton
 
 
 @triton.jit
@@ -84,7 +84,7 @@ def insert_block(run_v, run_i, bmax, b, own_a, offs_k, LOCAL: tl.constexpr, INIT
     return tl.where(sel, new_v[:, None], run_v), tl.where(sel, b, run_i)
 
 
-@triton.jit
+@triton.jit(**BATCH_PLACEMENT)
 def index_topk_prefill_kernel(
     q_ptr, k_ptr, ks_ptr, bt_ptr, req_ptr, pos_ptr,
     out_ids_ptr, cand_v_ptr,

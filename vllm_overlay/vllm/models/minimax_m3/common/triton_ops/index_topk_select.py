@@ -27,7 +27,7 @@ then the entries above it, and the leftmost entries equal to it, are written
 in column order (not by descending score).
 """
 
-from ._triton import tl, tl_cuda, triton
+from ._triton import BATCH_PLACEMENT, tl, tl_cuda, triton
 
 
 @triton.jit
@@ -191,7 +191,7 @@ def select_topk_row(
         tl.store(out_row_ptr + offs_k, run_i, mask=offs_k < TOPK)
 
 
-@triton.jit
+@triton.jit(**BATCH_PLACEMENT)
 def block_topk_select_kernel(
     vals_ptr, ids_ptr, pos_ptr, out_ptr,
     tok_base, N,
@@ -220,7 +220,7 @@ def block_topk_select_kernel(
                     RADIX)
 
 
-@triton.jit
+@triton.jit(**BATCH_PLACEMENT)
 def block_topk_bitonic_kernel(
     vals_ptr, pos_ptr, out_ptr,
     tok_base, N,

@@ -62,7 +62,7 @@ Layouts (element strides):
 from ._attend import (attend_key_tile, attend_one_tile, attend_sparse_block, dot_operand,
                       load_key_tile, normalized_output, softmax_scales,
                       tile_mma, widen_to)
-from ._triton import tl, triton
+from ._triton import BATCH_PLACEMENT, tl, triton
 
 
 @triton.jit
@@ -122,7 +122,7 @@ def pair_rows(q_ptr, pair_slot_ptr, pos_ptr, tok, first, s0, n, row_pair, head_v
     return rvalid, slot, pos_r, q
 
 
-@triton.jit
+@triton.jit(**BATCH_PLACEMENT)
 def sparse_attn_block_major_kernel(
     q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr,
     pair_tok_ptr, pair_slot_ptr,

@@ -44,6 +44,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from ._triton import BATCH_PLACEMENT
 from ._utils import is_sm90
 from .sparse_attn_block_major import group_share, program_group
 
@@ -68,7 +69,7 @@ def row_pieces_of_16_bytes(cols, bits, num_warps):
     return gl.BlockedLayout([1, 16], [32 // per_row, per_row], [num_warps, 1], [1, 0])
 
 
-@gluon.jit
+@gluon.jit(**BATCH_PLACEMENT)
 def sparse_attn_block_major_sm90_kernel(
     q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr,
     pair_tok_ptr, pair_slot_ptr,

@@ -58,11 +58,11 @@ fp8 -> fp16 is exact and cheap, q is O(1..100) after q_norm + RoPE, and P in
 
 from ._attend import (attend_key_tile, group_query_rows, key_tile_rows, load_key_rows,
                       load_key_tile, scales_and_operand)
-from ._triton import tl, tl_cuda, triton
+from ._triton import BATCH_PLACEMENT, tl, tl_cuda, triton
 from .index_topk_select import row_ranks
 
 
-@triton.jit
+@triton.jit(**BATCH_PLACEMENT)
 def sparse_attn_fwd_kernel(
     q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, topk_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,

@@ -30,10 +30,10 @@ Layouts (element strides):
 """
 
 from ._attend import attend_sparse_block, normalized_output, scales_and_operand
-from ._triton import tl, triton
+from ._triton import BATCH_PLACEMENT, tl, triton
 
 
-@triton.jit
+@triton.jit(**BATCH_PLACEMENT)
 def sparse_attn_tiled_kernel(
     q_ptr, kv_ptr, bt_ptr, req_ptr, pos_ptr, topk_ptr, out_ptr,
     k_scale_ptr, v_scale_ptr, kvs_ptr,
