@@ -33,10 +33,14 @@ def use_real_triton() -> None:
 
 
 def make_batch(decode_ctx: list[int], prefill: list[tuple[int, int]], *, kv_heads: int,
-               gqa: int, head_dim: int, index_dim: int, dtype: torch.dtype, seed: int = 0):
+               gqa: int, head_dim: int, index_dim: int, dtype: torch.dtype, seed: int = 0,
+               table_width: int | None = None, pages: int | None = None):
     """Random caches (pages in shuffled order), queries and upstream's indexer and
     attention metadata of a decode-first batch: decode requests of the given contexts
-    (one new token each), then prefill requests of (context before, new tokens)."""
+    (one new token each), then prefill requests of (context before, new tokens).
+    ``table_width``: block-table columns (the engine's: cdiv(max_model_len, 128);
+    default the batch's longest request); ``pages``: cache pages, the table's ids
+    taken modulo (for launches that are recorded, not run)."""
     from vllm.models.minimax_m3.common import indexer as up_indexer
     from vllm.models.minimax_m3.common import sparse_attention as up_attn
 
@@ -45,9 +49,11 @@ def make_batch(decode_ctx: list[int], prefill: list[tuple[int, int]], *, kv_head
     qlen = [1] * n_dec + [n for _, n in prefill]
     seqs = decode_ctx + [c + n for c, n in prefill]
     total = sum(qlen)
-    width = max(-(-s // BLOCK) for s in seqs)
-    pages = len(seqs) * width
-    block_table = torch.randperm(pages, generator=g).to(torch.int32).view(len(seqs), width)
+    width = max([-(-s // BLOCK) for s in seqs] + [table_width or 0])
+    ids = len(seqs) * width
+    pages = pages or ids
+    block_table = (torch.randperm(ids, generator=g) % pages).to(torch.int32).view(len(seqs),
+                                                                                  width)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g).to(dtype)
