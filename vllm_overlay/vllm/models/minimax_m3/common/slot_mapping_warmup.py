@@ -19,17 +19,18 @@ mapping entries from block table row 0 and pads the rest; the first step rewrite
 of it.
 """
 
-# one token count of each of Triton's integer keys: 1, a multiple of 16, other
-WARM_TOKEN_COUNTS = (1, 16, 2)
-
 import torch
 
 from vllm.platforms import current_platform
 
+# one token count of each of Triton's integer keys: 1, a multiple of 16, other
+WARM_TOKEN_COUNTS = (1, 16, 2)
+
 
 def slot_mapping_warmup(runner) -> bool:
     """Run ``runner.input_batch.block_table.compute_slot_mapping`` on the runner's
-    buffers at ``WARM_TOKEN_COUNTS`` tokens; False (nothing run) off CUDA / ROCm or on a runner without that call."""
+    buffers at ``WARM_TOKEN_COUNTS`` tokens; False (nothing run) off CUDA / ROCm or on
+    a runner without that call."""
     if not current_platform.is_cuda_alike():  # the CPU runner swaps in a C++ kernel
         return False
     block_table = getattr(getattr(runner, "input_batch", None), "block_table", None)
