@@ -92,11 +92,12 @@ def jit_section(sides: dict) -> list[str]:
     if not rows:
         return []
     lines = ["", "## Kernels compiled inside requests", "",
-             "vLLM's JIT monitor (`--jit-monitor-verbose` on A and B) in the server log: a kernel "
-             "variant compiled after start-up, during the row's unrecorded warm-up (at "
-             "concurrency 1: the first-request probe, where one ran) or during its recorded "
-             "run. Rows not listed compiled nothing"
-             + (" (side C, vLLM 0.23.0, has no monitor)." if any(
+             "vLLM's JIT monitor in the server log: a kernel variant compiled after "
+             "start-up, during the row's unrecorded warm-up (at concurrency 1: the "
+             "first-request probe, where one ran) or during its recorded run. Every variant "
+             "on A and B (`--jit-monitor-verbose`); on C (vLLM 0.23.0) the first compile of "
+             "each kernel only. Rows not listed compiled nothing"
+             + (" (side files from before 2026-12-08 carry no lists for C)." if any(
                  "jit_in_run" not in r for s in sides.values() for r in s["rows"].values()
                  if r.get("status") == "ok") else "."), ""]
     warm = [(n, srv["series_warmup"]) for n, s in sides.items() for run in s["runs"]
@@ -123,7 +124,8 @@ def first_request_section(sides: dict) -> list[str]:
              "repeats of the same length (fresh random tokens each), TTFT client-side; "
              "`fresh`: the server had not served that length before. Issue 48's criterion: "
              "first <= 1.2 x the repeats' median. JIT: what vLLM's monitor saw compile "
-             "during these requests (not monitored: vLLM 0.23.0, side C).", "",
+             "during these requests (C, vLLM 0.23.0: each kernel's first compile only; "
+             "not monitored: C's side files from before 2026-12-08).", "",
              "| side | ISL | fresh | first TTFT, ms | repeats, ms | first / median | <= 1.2 | JIT |",
              "|---|---|---|---|---|---|---|---|"]
     for n, r in sorted(rows, key=lambda nr: (nr[1]["isl"], nr[0])):

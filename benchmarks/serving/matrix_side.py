@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .bench_serve import bench_args, display_cmd, read_result, run_cli, warmup_args
 from .first_request import SERVER_WARM_ISL, first_and_repeats
-from .matrix_spec import JIT_VERBOSE, Matrix, Side, row_name
+from .matrix_spec import Matrix, Side, row_name
 from .server import Plan, Server, ServerCfg, Stop
 
 # the most telling lines of a dead server's log, best first
@@ -94,8 +94,6 @@ class SideRun:
         self.path = plan.out / f"side-{side.name}.json"
         self.server, self.log_offset, self.failed_starts = None, 0, 0
         self.lengths_seen = set()  # prompt lengths the current server has served
-        # vLLM >= 0.24 logs kernels compiled after start-up (A, B); v0.23.0 (C) cannot
-        self.jit_monitored = JIT_VERBOSE[0] in side.serve_args
         self.t0 = time.monotonic()
         self.state = {"side": side.name, "what": side.what, "env": dict(self.cfg.environment()),
                       "meta": dict(meta, date=now()), "servers": [], "rows": {}}
@@ -144,7 +142,7 @@ class SideRun:
         if self.side.version_prefix == "0.26.":  # which MSA path the engine says it took
             server.record["msa_path_in_log"] = (
                 "series" if "selected the series' MSA ops" in text else "upstream (no series line)")
-        warm = re.search(r"Series MiniMax-M3 MSA warm-up: [^\n]*", text)
+        warm = re.search(r"(?:Series )?MiniMax-M3 MSA warm-up: [^\n]*", text)
         if warm:
             server.record["series_warmup"] = warm.group(0).rstrip()
         if "disabling vLLM's torch.compile pipeline" in text:
@@ -247,20 +245,17 @@ class SideRun:
         if self.m.first_request and c == 1:
             probe_offset = log_size(serve_log)
             first = self.first_request(isl)
-            if self.jit_monitored:
-                first["jit"] = jit_compiles(read_from(serve_log, probe_offset))
+            first["jit"] = jit_compiles(read_from(serve_log, probe_offset))
             rec["first_request"] = first
             if "error" in first and server_state(self.server, 10) != "alive":
                 return self.crashed(rec, "in the first-request probe")
         self.lengths_seen.add(isl)
         run_offset = log_size(serve_log)
-        if self.jit_monitored:
-            rec["jit_in_warmup"] = jit_compiles(
-                read_from(serve_log, row_offset)[:run_offset - row_offset])
+        rec["jit_in_warmup"] = jit_compiles(
+            read_from(serve_log, row_offset)[:run_offset - row_offset])
         r = self.bench.run(args, f"side {self.side.name} {name}", self.timeout())
         rec["bench_wall_s"] = r["wall_s"]
-        if self.jit_monitored:
-            rec["jit_in_run"] = jit_compiles(read_from(serve_log, run_offset))
+        rec["jit_in_run"] = jit_compiles(read_from(serve_log, run_offset))
         res = read_result(result, n)
         ok = r["rc"] == 0 and res.get("ok")
         state = server_state(self.server, 0 if ok else 10)

@@ -19,8 +19,9 @@ class Side:
     serve_args: tuple = ()  # more `vllm serve` flags for this side's servers
 
 
-# vLLM >= 0.24 logs each Triton kernel compiled after start-up ("JIT compilation during
-# inference"); verbose adds the variant's key, which says what the warm-up missed
+# vLLM logs Triton kernels compiled after start-up ("JIT compilation during inference"):
+# 0.23.0 each kernel's first compile; from 0.24 every variant with --jit-monitor-verbose,
+# which adds the variant's key (what the warm-up missed)
 JIT_VERBOSE = ("--jit-monitor-verbose",)
 SIDES = {
     "A": Side("A", "v0.26.0 wheel, upstream's MSA path", "0.26.", ((MSA_ENV, "upstream"),),

@@ -157,7 +157,7 @@ def test_the_report_lists_the_probe_and_flags_a_slow_first_request(tmp_path):
     assert "| A | 8192 | yes | failed: APIConnectionError: refused |" in section
     assert "A: 95.5 ms TTFT for 16 tokens" in section
     assert "Probes without a `client` field" in section  # rows a and c: the old client
-    del state["rows"]["a"]["first_request"]["jit"]  # side C: vLLM 0.23.0 has no JIT monitor
+    del state["rows"]["a"]["first_request"]["jit"]  # a side C file from before 2026-12-08
     (tmp_path / "c.json").write_text(json.dumps(state))
     assert "| 3.00 | **no** | not monitored |" in render(merge([str(tmp_path / "c.json")]))
     del state["rows"]["a"]["first_request"], state["rows"]["b"]["first_request"]
